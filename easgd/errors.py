@@ -1,0 +1,9 @@
+"""The error type for bad user input."""
+
+
+class ConfigError(ValueError):
+  """A configuration, dataset or workdir that the run cannot use.
+
+  The message is one line naming what is wrong and what is allowed;
+  train.py prints it and exits with status 2 before compiling or writing.
+  """

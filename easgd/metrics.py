@@ -1,0 +1,48 @@
+"""Progress in the log and in TensorBoard.
+
+Events are written with tensorboardX (TensorBoard's own writers need
+TensorFlow), by process 0 only.
+"""
+
+import jax
+from absl import logging
+
+
+class MetricWriter:
+  """Writes scalars to TensorBoard under `workdir` and logs them."""
+
+  def __init__(self, workdir: str):
+    self._writer = None
+    if jax.process_index() == 0:
+      from tensorboardX import SummaryWriter  # noqa: PLC0415 (process 0 only)
+
+      self._writer = SummaryWriter(logdir=workdir)
+
+  def scalars(self, step: int, values: dict[str, float]) -> None:
+    if self._writer is not None:
+      for tag, value in values.items():
+        self._writer.add_scalar(tag, value, global_step=step)
+    logging.info(
+      "step %d: %s", step, ", ".join(f"{tag} {value:.6g}" for tag, value in values.items())
+    )
+
+  def text(self, tag: str, text: str) -> None:
+    if self._writer is not None:
+      self._writer.add_text(tag, text, global_step=0)
+
+  def flush(self) -> None:
+    if self._writer is not None:
+      self._writer.flush()
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+
+
+def allreduce_bytes(model_bytes: int, num_workers: int) -> float:
+  """Bytes each worker sends in one bandwidth-optimal (ring) all-reduce of the model.
+
+  A ring all-reduce of n bytes over P participants sends 2*(P-1)/P*n bytes
+  from each (reduce-scatter, then all-gather).
+  """
+  return 2 * (num_workers - 1) / num_workers * model_bytes

@@ -1,0 +1,269 @@
+"""Update rules: pure functions over one sharded training state.
+
+Every rule maps `(state, batch) -> (state, metrics)` for one training step.
+`Rule.step` is written in SPMD form: it runs on every device inside
+`jax.shard_map` over the 1-D mesh axis `workers`, and sees only that
+device's slice of the worker-indexed leaves (`workers`, `worker_opt` and the
+batch, each with a leading axis of P/D local workers). Quantities over all P
+workers are formed as a local sum followed by one all-reduce (`lax.psum`),
+which replaces the master of the original algorithms by a tree reduction.
+
+Notation (as in the papers): P workers with parameters x_i, center x~,
+learning rate eta, moving rate alpha, communication period tau, momentum mu
+(classic) or delta (Nesterov), g_i the stochastic gradient of worker i on its
+own mini-batch. `state.step` counts the steps taken so far (t).
+"""
+
+import abc
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax import lax
+
+AXIS = "workers"
+
+Params = Any
+Batch = Any
+Metrics = dict[str, jax.Array]
+# loss_fn(params, batch) -> (mean loss, {"accuracy": mean accuracy}) for one worker.
+LossFn = Callable[[Params, Batch], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+@struct.dataclass
+class TrainState:
+  """Everything a run needs to continue: checkpointing this is enough to resume.
+
+  Attributes:
+    step: number of steps taken, int32 scalar.
+    rng: PRNG key of the run. Data order (and any other randomness) is a pure
+      function of (rng, step), so it needs no state of its own.
+    center: the center variable x~; for sync_sgd the one shared x.
+    center_opt: optimizer state of the center (sync_sgd), else ().
+    workers: the workers' parameters x_i, stacked on a leading axis of size P
+      (sharded over the mesh); () for sync_sgd, whose workers share x.
+    worker_opt: the workers' optimizer states (e.g. velocities v_i), stacked
+      like `workers`; () when the rule keeps none.
+  """
+
+  step: jax.Array
+  rng: jax.Array
+  center: Params
+  center_opt: Any
+  workers: Params
+  worker_opt: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyper:
+  """Hyper-parameters shared by the rules (static: baked into the program)."""
+
+  num_workers: int
+  learning_rate: float
+  momentum: float = 0.0
+  nesterov: bool = False
+  comm_period: int = 1
+  moving_rate: float = 0.0
+
+
+def _stack(tree: Params, count: int) -> Params:
+  return jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (count, *leaf.shape)), tree)
+
+
+def _sum_over_workers(tree: Params) -> Params:
+  """sum_i tree_i over all P workers: a local sum, then one all-reduce."""
+  return jax.tree.map(lambda leaf: lax.psum(leaf.sum(axis=0), AXIS), tree)
+
+
+def _step_metrics(loss: jax.Array, aux: dict[str, jax.Array], num_workers: int) -> Metrics:
+  """Mean over all workers of each worker's loss and accuracy."""
+  return {
+    "loss": lax.psum(loss.sum(), AXIS) / num_workers,
+    "accuracy": lax.psum(aux["accuracy"].sum(), AXIS) / num_workers,
+  }
+
+
+class Rule(abc.ABC):
+  """The one interface the training loop knows."""
+
+  name: ClassVar[str]
+
+  def __init__(self, hyper: Hyper):
+    self.hyper = hyper
+
+  @abc.abstractmethod
+  def init(self, params: Params, rng: jax.Array) -> TrainState:
+    """Builds the state at step 0 from one set of initial parameters."""
+
+  @abc.abstractmethod
+  def step(self, state: TrainState, batch: Batch, loss_fn: LossFn) -> tuple[TrainState, Metrics]:
+    """One training step, per device inside shard_map over `AXIS`."""
+
+  @abc.abstractmethod
+  def worker_params(self, state: TrainState) -> Params:
+    """The parameters each worker evaluates with, stacked on a leading axis."""
+
+  @abc.abstractmethod
+  def exchanges(self, steps: int) -> int:
+    """How many all-reduces of the model the first `steps` steps perform."""
+
+
+class SyncSGD(Rule):
+  """Synchronous data-parallel SGD (the baseline).
+
+  Every worker computes g_i at the shared x on its own batch; one all-reduce
+  forms g = (1/P) sum_i g_i, and the optimizer (optax.sgd) updates x:
+      plain:     x <- x - eta*g
+      momentum:  m <- mu*m + g;  x <- x - eta*m
+      Nesterov:  m <- mu*m + g;  x <- x - eta*(g + mu*m)
+  With P workers of batch b this equals one worker with batch P*b.
+  """
+
+  name = "sync_sgd"
+
+  def __init__(self, hyper: Hyper):
+    super().__init__(hyper)
+    self.optimizer = optax.sgd(
+      hyper.learning_rate, momentum=hyper.momentum or None, nesterov=hyper.nesterov
+    )
+
+  def init(self, params, rng):
+    return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      rng=rng,
+      center=params,
+      center_opt=self.optimizer.init(params),
+      workers=(),
+      worker_opt=(),
+    )
+
+  def step(self, state, batch, loss_fn):
+    # Every local worker differentiates at the shared x on its own batch.
+    (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True), in_axes=(None, 0))(
+      state.center, batch
+    )
+    mean_grad = jax.tree.map(lambda g: g / self.hyper.num_workers, _sum_over_workers(grads))
+    updates, center_opt = self.optimizer.update(mean_grad, state.center_opt, state.center)
+    new_state = state.replace(
+      step=state.step + 1,
+      center=optax.apply_updates(state.center, updates),
+      center_opt=center_opt,
+    )
+    return new_state, _step_metrics(loss, aux, self.hyper.num_workers)
+
+  def worker_params(self, state):
+    # Every worker holds the shared x.
+    return _stack(state.center, self.hyper.num_workers)
+
+  def exchanges(self, steps):
+    return steps
+
+
+class SyncEASGD(Rule):
+  """Synchronous elastic averaging SGD (Zhang, Choromanska, LeCun, NIPS 2015;
+  You, Buluc, Demmel, SC17).
+
+  Every step t each worker takes a local step u_i = -eta*g_i(x_i). On every
+  tau-th step ((t+1) mod tau == 0) the elastic exchange is applied too, with
+  the values from before it (d_i = x_i - x~ at step t):
+      x_i <- x_i + u_i - alpha*d_i
+      x~  <- x~ + alpha * sum_i d_i        (= (1-beta)*x~ + beta*mean_i x_i)
+  and otherwise x_i <- x_i + u_i. With tau = 1 this is the paper's
+  synchronous EASGD (its equations 5-6). The sum is one all-reduce, so an
+  exchange costs one model-sized all-reduce every tau steps.
+  """
+
+  name = "sync_easgd"
+
+  def init(self, params, rng):
+    workers = _stack(params, self.hyper.num_workers)
+    return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      rng=rng,
+      center=params,
+      center_opt=(),
+      workers=workers,
+      worker_opt=self._init_worker_opt(workers),
+    )
+
+  def _init_worker_opt(self, workers: Params) -> Any:
+    del workers
+    return ()
+
+  def _local_update(self, state: TrainState, batch: Batch, loss_fn: LossFn):
+    """Returns (u_i, new worker_opt, loss_i, aux_i) for the local workers."""
+    (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(state.workers, batch)
+    updates = jax.tree.map(lambda g: -self.hyper.learning_rate * g, grads)
+    return updates, state.worker_opt, loss, aux
+
+  def step(self, state, batch, loss_fn):
+    updates, worker_opt, loss, aux = self._local_update(state, batch, loss_fn)
+    alpha = self.hyper.moving_rate
+
+    def local_only():
+      return jax.tree.map(jnp.add, state.workers, updates), state.center
+
+    def with_exchange():
+      distance = jax.tree.map(lambda x, c: x - c, state.workers, state.center)
+      workers = jax.tree.map(lambda x, u, d: x + u - alpha * d, state.workers, updates, distance)
+      center = jax.tree.map(lambda c, s: c + alpha * s, state.center, _sum_over_workers(distance))
+      return workers, center
+
+    is_exchange = (state.step + 1) % self.hyper.comm_period == 0
+    workers, center = lax.cond(is_exchange, with_exchange, local_only)
+    new_state = state.replace(
+      step=state.step + 1, workers=workers, center=center, worker_opt=worker_opt
+    )
+    return new_state, _step_metrics(loss, aux, self.hyper.num_workers)
+
+  def worker_params(self, state):
+    return state.workers
+
+  def exchanges(self, steps):
+    return steps // self.hyper.comm_period
+
+
+class SyncMEASGD(SyncEASGD):
+  """Synchronous momentum EASGD: Sync EASGD with a momentum local step.
+
+  The exchange is that of SyncEASGD; the local step keeps a velocity v_i:
+      classic (mu):            v_i <- mu*v_i - eta*g_i(x_i)
+      Nesterov, EAMSGD (delta): v_i <- delta*v_i - eta*g_i(x_i + delta*v_i)
+  and u_i = v_i (the new velocity), so x_i <- x_i + v_i [- alpha*(x_i - x~)].
+  EAMSGD is from Zhang, Choromanska, LeCun (NIPS 2015), MEASGD from You,
+  Buluc, Demmel (SC17).
+  """
+
+  name = "sync_measgd"
+
+  def _init_worker_opt(self, workers):
+    return jax.tree.map(jnp.zeros_like, workers)
+
+  def _local_update(self, state, batch, loss_fn):
+    mu, eta = self.hyper.momentum, self.hyper.learning_rate
+    velocity = state.worker_opt
+    if self.hyper.nesterov:
+      at = jax.tree.map(lambda x, v: x + mu * v, state.workers, velocity)
+    else:
+      at = state.workers
+    (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(at, batch)
+    velocity = jax.tree.map(lambda v, g: mu * v - eta * g, velocity, grads)
+    return velocity, velocity, loss, aux
+
+
+RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (SyncSGD, SyncEASGD, SyncMEASGD)}
+
+# Hyper-parameters each rule reads beyond learning_rate (for validation and docs).
+ELASTIC_RULES = frozenset({SyncEASGD.name, SyncMEASGD.name})
+MOMENTUM_RULES = frozenset({SyncMEASGD.name})
+
+
+def make_rule(name: str, hyper: Hyper) -> Rule:
+  """Returns the rule registered under `name`."""
+  if name not in RULES:
+    raise KeyError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(RULES))}")
+  return RULES[name](hyper)

@@ -1,0 +1,74 @@
+"""The device mesh and how the training state and data are laid out on it.
+
+Workers are an array axis, not devices: P workers live on the 1-D mesh axis
+`workers` over D devices (D divides P), so each device holds P/D workers.
+The mesh is built from `jax.devices()`, the global device list, so that the
+same code runs when several processes join with `jax.distributed`.
+"""
+
+import dataclasses
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from easgd.errors import ConfigError
+from easgd.rules import AXIS, TrainState
+
+# Fields of TrainState with a leading workers axis; the rest is replicated.
+_WORKER_FIELDS = ("workers", "worker_opt")
+
+
+def configure_cpu_devices(count: int) -> None:
+  """Asks for `count` virtual CPU devices; must run before JAX starts its backends."""
+  jax.config.update("jax_num_cpu_devices", count)
+
+
+def make_mesh(num_devices: int) -> Mesh:
+  """A 1-D mesh with axis `workers` over the first `num_devices` global devices."""
+  devices = jax.devices()
+  if num_devices > len(devices):
+    raise ConfigError(
+      f"config.devices={num_devices} is invalid: only {len(devices)} "
+      f"{devices[0].platform} devices are available"
+    )
+  # Auto axes (not jax.make_mesh's Explicit default): shard_map and jit then
+  # take the shardings we give them without sharding-in-types annotations.
+  return Mesh(np.array(devices[:num_devices]), (AXIS,))
+
+
+def state_specs(state: TrainState) -> TrainState:
+  """PartitionSpecs mirroring `state`: worker fields split on `workers`, the rest replicated."""
+  return TrainState(
+    **{
+      field.name: jax.tree.map(
+        lambda _, f=field.name: P(AXIS) if f in _WORKER_FIELDS else P(),
+        getattr(state, field.name),
+      )
+      for field in dataclasses.fields(state)
+    }
+  )
+
+
+def named(mesh: Mesh, specs):
+  """NamedShardings for a tree of PartitionSpecs."""
+  return jax.tree.map(
+    lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, P)
+  )
+
+
+def place_worker_arrays(mesh: Mesh, host_array: np.ndarray) -> jax.Array:
+  """Places an array with a leading workers axis: each device gets its workers' slice.
+
+  Built from a callback per device shard, so each process only touches the
+  rows of the devices it owns.
+  """
+  sharding = NamedSharding(mesh, P(AXIS))
+  return jax.make_array_from_callback(host_array.shape, sharding, lambda index: host_array[index])
+
+
+def replicate(mesh: Mesh, host_array: np.ndarray) -> jax.Array:
+  """Places a full copy of `host_array` on every device of the mesh."""
+  sharding = NamedSharding(mesh, P())
+  return jax.make_array_from_callback(host_array.shape, sharding, lambda index: host_array[index])

@@ -1,0 +1,124 @@
+"""Compiled programs: a rule's step over the mesh, with batches drawn on device.
+
+The training data never leaves the devices after it is placed: each device
+holds its workers' partitions, and every step draws each worker's batch from
+its own partition with indices that are a pure function of (rng, step).
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from easgd import sharding
+from easgd.data import Dataset
+from easgd.rules import AXIS, LossFn, Rule, TrainState
+
+
+def make_normalize(dataset: Dataset) -> Callable[[jax.Array], jax.Array]:
+  """uint8 images -> float32 (image/max_value - mean)/std, per channel."""
+  mean = jnp.asarray(dataset.mean, jnp.float32)
+  std = jnp.asarray(dataset.std, jnp.float32)
+  scale = 1.0 / dataset.max_value
+
+  def normalize(images):
+    return (images.astype(jnp.float32) * scale - mean) / std
+
+  return normalize
+
+
+def make_loss_fn(model, normalize) -> LossFn:
+  """Mean softmax cross-entropy and accuracy of one worker on one batch."""
+
+  def loss_fn(params, batch):
+    logits = model.apply({"params": params}, normalize(batch["image"]))
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+    accuracy = (logits.argmax(-1) == batch["label"]).mean()
+    return loss, {"accuracy": accuracy}
+
+  return loss_fn
+
+
+def batch_indices(rng: jax.Array, step: jax.Array, worker: jax.Array, size: int, batch_size: int):
+  """Indices into a worker's partition of `size` examples for step `step`.
+
+  Each epoch (size // batch_size steps) visits a fresh permutation of the
+  partition, drawn from (rng, epoch, worker); the tail of size mod
+  batch_size examples is left out of that epoch.
+  """
+  steps_per_epoch = size // batch_size
+  epoch, position = step // steps_per_epoch, step % steps_per_epoch
+  key = jax.random.fold_in(jax.random.fold_in(rng, epoch), worker)
+  permutation = jax.random.permutation(key, size)
+  return lax.dynamic_slice_in_dim(permutation, position * batch_size, batch_size)
+
+
+def sample_local_batches(images, labels, rng, step, batch_size: int):
+  """Per device: one batch for each local worker from its own partition.
+
+  Args:
+    images: this device's partitions, [P/D, n, H, W, C].
+    labels: [P/D, n].
+    rng, step: the state's key and step counter.
+    batch_size: examples per worker.
+  """
+  local_workers, size = labels.shape
+  first = lax.axis_index(AXIS) * local_workers
+  workers = first + jnp.arange(local_workers)
+
+  def one_worker(worker, worker_images, worker_labels):
+    indices = batch_indices(rng, step, worker, size, batch_size)
+    return {"image": worker_images[indices], "label": worker_labels[indices]}
+
+  return jax.vmap(one_worker)(workers, images, labels)
+
+
+def _compile(per_device, mesh: Mesh, state: TrainState, num_worker_args: int):
+  """jit(shard_map(per_device)) for per_device(state, *worker_args) -> (state, metrics).
+
+  The state keeps its layout (worker fields split over `workers`, the rest
+  replicated) and is donated, so its buffers are updated in place; every
+  other argument has a leading workers axis; metrics are replicated.
+  """
+  specs = sharding.state_specs(state)
+  in_specs = (specs,) + (P(AXIS),) * num_worker_args
+  out_specs = (specs, P())
+  mapped = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+  return jax.jit(
+    mapped,
+    in_shardings=sharding.named(mesh, in_specs),
+    out_shardings=sharding.named(mesh, out_specs),
+    donate_argnums=0,
+  )
+
+
+def build_rule_step(rule: Rule, loss_fn: LossFn, mesh: Mesh, state: TrainState):
+  """(state, batch) -> (state, metrics), with explicit batches [P, b, ...]."""
+  return _compile(lambda state, batch: rule.step(state, batch, loss_fn), mesh, state, 1)
+
+
+def build_train_step(rule: Rule, loss_fn: LossFn, mesh: Mesh, state: TrainState, batch_size: int):
+  """(state, images, labels) -> (state, metrics), drawing batches on device.
+
+  images [P, n, H, W, C] and labels [P, n] are the resident partitions.
+  """
+
+  def per_device(state, images, labels):
+    batch = sample_local_batches(images, labels, state.rng, state.step, batch_size)
+    return rule.step(state, batch, loss_fn)
+
+  return _compile(per_device, mesh, state, 2)
+
+
+def init_state(rule: Rule, params, rng: jax.Array, mesh: Mesh) -> TrainState:
+  """rule.init compiled to write the state straight into its sharded layout.
+
+  The state gets buffers of its own (the train step donates them).
+  """
+  abstract = jax.eval_shape(rule.init, params, rng)
+  shardings = sharding.named(mesh, sharding.state_specs(abstract))
+  return jax.jit(rule.init, out_shardings=shardings)(params, rng)

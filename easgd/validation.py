@@ -1,0 +1,113 @@
+"""Checks of a configuration before anything is compiled or written."""
+
+import ml_collections
+
+from easgd.errors import ConfigError
+from easgd.rules import ELASTIC_RULES, MOMENTUM_RULES, RULES
+from models import MODELS
+
+# Fields a checkpoint may be resumed with under other values: they change how
+# long the run goes on, what it reports, or where it runs, not the trajectory.
+RESUMABLE_FIELDS = frozenset(
+  {"total_steps", "eval_every", "checkpoint_every", "log_every", "devices", "data_dir"}
+)
+
+
+def _require(ok: bool, field: str, value, allowed: str) -> None:
+  if not ok:
+    raise ConfigError(f"config.{field}={value!r} is invalid: {allowed}")
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError naming the first field that is out of range."""
+  from easgd.data import DATASETS  # noqa: PLC0415 (keeps this module import-light)
+
+  for field, registry in (("algorithm", RULES), ("model", MODELS), ("dataset", DATASETS)):
+    value = config[field]
+    _require(value in registry, field, value, f"valid: {', '.join(sorted(registry))}")
+  workers = config.workers
+  _require(_is_int(workers) and workers >= 1, "workers", workers, "must be an integer >= 1")
+  devices = config.devices
+  _require(
+    _is_int(devices) and devices >= 0, "devices", devices, "must be >= 1, or 0 for min(workers, 8)"
+  )
+  _require(
+    devices == 0 or workers % devices == 0,
+    "devices",
+    devices,
+    f"must divide config.workers={workers} (each device holds workers/devices workers)",
+  )
+  _require(
+    _is_int(config.batch_size) and config.batch_size >= 1,
+    "batch_size",
+    config.batch_size,
+    "must be an integer >= 1 (examples per worker per step)",
+  )
+  _require(config.learning_rate > 0, "learning_rate", config.learning_rate, "must be > 0")
+  _require(0 <= config.momentum < 1, "momentum", config.momentum, "must be in [0, 1)")
+  if config.algorithm in MOMENTUM_RULES:
+    _require(
+      0 < config.momentum < 1,
+      "momentum",
+      config.momentum,
+      f"{config.algorithm} needs a momentum in (0, 1)",
+    )
+  elif config.algorithm in ELASTIC_RULES:
+    _require(
+      config.momentum == 0 and not config.nesterov,
+      "momentum",
+      config.momentum,
+      f"{config.algorithm} takes plain SGD local steps (momentum 0, nesterov False); "
+      "use sync_measgd for momentum",
+    )
+  if config.algorithm in ELASTIC_RULES:
+    tau, alpha = config.comm_period, config.moving_rate
+    _require(_is_int(tau) and tau >= 1, "comm_period", tau, "must be an integer >= 1")
+    _require(0 < alpha < 1, "moving_rate", alpha, "must be in (0, 1)")
+    _require(
+      workers * alpha < 1,
+      "moving_rate",
+      alpha,
+      f"beta = workers*moving_rate = {workers * alpha:g} must be < 1, "
+      f"i.e. moving_rate < {1 / workers:g}",
+    )
+  for field in ("total_steps",):
+    _require(_is_int(config[field]) and config[field] >= 1, field, config[field], "must be >= 1")
+  for field in ("eval_every", "checkpoint_every", "log_every"):
+    _require(
+      _is_int(config[field]) and config[field] >= 0,
+      field,
+      config[field],
+      "must be an integer >= 0 (0: only at the end)",
+    )
+  _require(_is_int(config.seed), "seed", config.seed, "must be an integer")
+
+
+def validate_partition(config: ml_collections.ConfigDict, train_examples: int) -> None:
+  """The batch must fit in each worker's share of the training set."""
+  per_worker = train_examples // config.workers
+  _require(
+    config.batch_size <= per_worker,
+    "batch_size",
+    config.batch_size,
+    f"must be <= {per_worker}, the examples in each worker's partition "
+    f"({train_examples} {config.dataset} training examples over {config.workers} workers)",
+  )
+
+
+def check_resumable(saved: dict, config: ml_collections.ConfigDict, workdir: str) -> None:
+  """A workdir's checkpoint may only be resumed by the configuration that wrote it."""
+  current = config.to_dict()
+  for field in sorted(set(saved) | set(current)):
+    if field in RESUMABLE_FIELDS:
+      continue
+    if saved.get(field) != current.get(field):
+      raise ConfigError(
+        f"workdir {workdir!r} holds a checkpoint of another configuration "
+        f"(config.{field} is {saved.get(field)!r} there, {current.get(field)!r} here); "
+        "use another --workdir or the same configuration"
+      )

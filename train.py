@@ -1,0 +1,54 @@
+"""Trains a CNN with a distributed SGD rule: python train.py --config configs/default.py.
+
+Config fields are overridden with --config.FIELD=VALUE; runs are written to
+--workdir (TensorBoard events and checkpoints) and resumed from it.
+"""
+
+import logging as std_logging
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from easgd import sharding
+from easgd.errors import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Config file.")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Where events and checkpoints go.")
+
+
+def _quiet_orbax(record) -> bool:
+  """Keeps orbax's per-save INFO lines out of the training log."""
+  return "orbax" not in record.pathname or record.levelno >= std_logging.WARNING
+
+
+def main(argv):
+  logging.get_absl_logger().addFilter(_quiet_orbax)
+  logging.get_absl_handler().python_handler.addFilter(_quiet_orbax)
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  config = _CONFIG.value
+  # Virtual CPU devices must be asked for before JAX starts its backends;
+  # they only matter where the platform is the CPU.
+  devices = config.devices if isinstance(config.devices, int) and config.devices > 0 else 0
+  if isinstance(config.workers, int) and config.workers > 0:
+    sharding.configure_cpu_devices(devices or min(config.workers, 8))
+
+  from easgd import trainer  # noqa: PLC0415 (after the device setup)
+
+  try:
+    result = trainer.train_and_evaluate(config, _WORKDIR.value)
+  except ConfigError as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+  except trainer.TrainingDiverged as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(1)
+  logging.info(
+    "done: %s",
+    ", ".join(f"{tag} {value:.4g}" for tag, value in sorted(result.metrics.items())),
+  )
+
+
+if __name__ == "__main__":
+  app.run(main)
