@@ -142,9 +142,13 @@ class SyncSGD(Rule):
     )
 
   def step(self, state, batch, loss_fn):
-    # Every local worker differentiates at the shared x on its own batch.
+    # Every local worker differentiates at the shared x on its own batch. x is
+    # first marked as varying over devices: the gradient of a replicated value
+    # would otherwise come back already summed over devices (the transpose of
+    # broadcasting is a psum), and the sum below is to be the one all-reduce.
+    center = lax.pcast(state.center, AXIS, to="varying")
     (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True), in_axes=(None, 0))(
-      state.center, batch
+      center, batch
     )
     mean_grad = jax.tree.map(lambda g: g / self.hyper.num_workers, _sum_over_workers(grads))
     updates, center_opt = self.optimizer.update(mean_grad, state.center_opt, state.center)
