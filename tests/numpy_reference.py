@@ -61,7 +61,7 @@ def sync_easgd(x0, batches, grad, eta, alpha, tau, mu=None, nesterov=False):
     if (t + 1) % tau == 0:
       distances = [_sub(w, center) for w in workers]
       workers = [
-          _add(_add(w, u), d, -alpha) for w, u, d in zip(workers, updates, distances, strict=True)
+        _add(_add(w, u), d, -alpha) for w, u, d in zip(workers, updates, distances, strict=True)
       ]
       total = {k: np.sum([d[k] for d in distances], axis=0) for k in center}
       center = _add(center, total, alpha)

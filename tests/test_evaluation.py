@@ -31,9 +31,9 @@ def test_consensus_distance_is_mean_relative_norm():
   workers = jax.tree.map(lambda c: c + rng.normal(size=(4, *c.shape)), center)
   norm_c = np.sqrt(sum(np.sum(c**2) for c in center.values()))
   expected = np.mean(
-      [
-          np.sqrt(sum(np.sum((workers[k][i] - center[k]) ** 2) for k in center)) / norm_c
-          for i in range(4)
-      ]
+    [
+      np.sqrt(sum(np.sum((workers[k][i] - center[k]) ** 2) for k in center)) / norm_c
+      for i in range(4)
+    ]
   )
   np.testing.assert_allclose(evaluation.consensus_distance(workers, center), expected, rtol=1e-5)

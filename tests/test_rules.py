@@ -59,9 +59,9 @@ def assert_close(actual, expected):
 
 
 ELASTIC = [
-    ("sync_easgd", None, False),
-    ("sync_measgd", MU, False),
-    ("sync_measgd", MU, True),
+  ("sync_easgd", None, False),
+  ("sync_measgd", MU, False),
+  ("sync_measgd", MU, True),
 ]
 
 
@@ -71,16 +71,16 @@ ELASTIC = [
 def test_elastic_rules_follow_their_equations(name, mu, nesterov, tau, num_devices):
   x0, batches = make_problem(num_workers=8)
   hyper = rules.Hyper(
-      num_workers=8,
-      learning_rate=ETA,
-      momentum=mu or 0.0,
-      nesterov=nesterov,
-      comm_period=tau,
-      moving_rate=ALPHA,
+    num_workers=8,
+    learning_rate=ETA,
+    momentum=mu or 0.0,
+    nesterov=nesterov,
+    comm_period=tau,
+    moving_rate=ALPHA,
   )
   actual = run_rule(name, hyper, x0, batches, num_devices)
   expected = numpy_reference.sync_easgd(
-      x0, [per_worker(b) for b in batches], numpy_grad, ETA, ALPHA, tau, mu=mu, nesterov=nesterov
+    x0, [per_worker(b) for b in batches], numpy_grad, ETA, ALPHA, tau, mu=mu, nesterov=nesterov
   )
   for t, (state, (workers, center)) in enumerate(zip(actual, expected, strict=True)):
     assert int(state.step) == t + 1
@@ -101,7 +101,7 @@ def test_sync_sgd_follows_its_equations(mu, nesterov, num_devices):
   hyper = rules.Hyper(num_workers=8, learning_rate=ETA, momentum=mu, nesterov=nesterov)
   actual = run_rule("sync_sgd", hyper, x0, batches, num_devices)
   expected = numpy_reference.sync_sgd(
-      x0, [per_worker(b) for b in batches], numpy_grad, ETA, mu=mu, nesterov=nesterov
+    x0, [per_worker(b) for b in batches], numpy_grad, ETA, mu=mu, nesterov=nesterov
   )
   for state, center in zip(actual, expected, strict=True):
     assert_close(state.center, center)

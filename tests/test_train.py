@@ -1,0 +1,159 @@
+"""End to end: training, TensorBoard, TFDS, kill-and-resume, bad input, divergence."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import tensorflow_datasets as tfds
+from tensorboard.backend.event_processing import event_accumulator
+
+from configs import default
+from easgd import trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TAGS = {
+  "train/loss",
+  "train/accuracy",
+  "train/images_per_sec",
+  "eval/center_accuracy",
+  "eval/worker_accuracy",
+  "eval/consensus_distance",
+  "comm/bytes_per_worker",
+}
+
+
+def config_with(**overrides):
+  config = default.get_config()
+  config.update(overrides)
+  return config
+
+
+def test_default_config_learns_in_300_steps_and_writes_tensorboard(tmp_path):
+  # No logging, evaluation or checkpoint before the end: 300 steps are queued
+  # with only the in-flight bound between them (collectives would deadlock
+  # past about 32 queued programs).
+  config = config_with(total_steps=300, log_every=0, eval_every=0, checkpoint_every=0)
+  result = trainer.train_and_evaluate(config, str(tmp_path))
+  assert result.metrics["eval/center_accuracy"] >= 0.9
+  assert result.metrics["eval/worker_accuracy"] >= 0.85
+  assert 0 < result.metrics["eval/consensus_distance"] < 0.5
+  accumulator = event_accumulator.EventAccumulator(str(tmp_path))
+  accumulator.Reload()
+  assert TAGS <= set(accumulator.Tags()["scalars"])
+  [bytes_event] = accumulator.Scalars("comm/bytes_per_worker")
+  # 300 steps, tau = 4: 75 ring all-reduces of 61,706 float32 parameters.
+  assert bytes_event.step == 300
+  assert bytes_event.value == pytest.approx(75 * 2 * 7 / 8 * 61706 * 4)
+  assert accumulator.Scalars("eval/center_accuracy")[-1].value == pytest.approx(
+    result.metrics["eval/center_accuracy"]
+  )
+
+
+@pytest.mark.parametrize("algorithm,momentum", [("sync_sgd", 0.9), ("sync_measgd", 0.9)])
+def test_tfds_dataset_trains_under_mock_data(tmp_path, algorithm, momentum):
+  config = config_with(
+    dataset="mnist", algorithm=algorithm, momentum=momentum, batch_size=4, total_steps=3
+  )
+  with tfds.testing.mock_data(num_examples=64):
+    result = trainer.train_and_evaluate(config, str(tmp_path))
+  assert np.isfinite(result.metrics["train/loss"])
+  assert os.path.isdir(tmp_path / "checkpoints" / "3")
+
+
+def test_divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+  config = config_with(learning_rate=1e6, total_steps=50, checkpoint_every=1, log_every=1)
+  with pytest.raises(trainer.TrainingDiverged, match=r"became (nan|inf) at step (\d+)") as error:
+    trainer.train_and_evaluate(config, str(tmp_path))
+  bad_step = int(re.search(r"at step (\d+)", str(error.value)).group(1))
+  kept = sorted(int(name) for name in os.listdir(tmp_path / "checkpoints") if name.isdigit())
+  assert kept and kept[-1] == bad_step - 1
+  state = ocp.PyTreeCheckpointer().restore(tmp_path / "checkpoints" / str(kept[-1]) / "state")
+  assert all(np.isfinite(leaf).all() for leaf in _leaves(state["center"]))
+  assert f"the checkpoint of step {kept[-1]} is kept" in str(error.value)
+
+
+def _leaves(tree):
+  if isinstance(tree, dict):
+    return [leaf for value in tree.values() for leaf in _leaves(value)]
+  return [np.asarray(tree)]
+
+
+def _train_cli(workdir, *overrides, wait=True):
+  command = [sys.executable, "train.py", f"--workdir={workdir}", *overrides]
+  if not wait:
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+RESUME_RUN = (
+  "--config.total_steps=160",
+  "--config.checkpoint_every=20",
+  "--config.eval_every=0",
+  "--config.log_every=20",
+)
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(tmp_path_factory):
+  """An uninterrupted run, and one killed with SIGKILL after a checkpoint and resumed."""
+  straight = tmp_path_factory.mktemp("straight")
+  assert _train_cli(straight, *RESUME_RUN).returncode == 0
+  resumed = tmp_path_factory.mktemp("resumed")
+  process = _train_cli(resumed, *RESUME_RUN, wait=False)
+  deadline = time.monotonic() + 120
+  while not os.path.isdir(resumed / "checkpoints" / "20") and time.monotonic() < deadline:
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  assert process.wait(timeout=30) == -signal.SIGKILL
+  killed_at = max(int(name) for name in os.listdir(resumed / "checkpoints") if name.isdigit())
+  assert killed_at < 160
+  finished = _train_cli(resumed, *RESUME_RUN)
+  assert finished.returncode == 0, finished.stderr[-2000:]
+  assert "resumed from the checkpoint of step" in finished.stderr
+  return straight, resumed
+
+
+def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs):
+  straight, resumed = resumed_runs
+  a = ocp.PyTreeCheckpointer().restore(straight / "checkpoints" / "160" / "state")
+  b = ocp.PyTreeCheckpointer().restore(resumed / "checkpoints" / "160" / "state")
+  leaves_a, leaves_b = _leaves(a), _leaves(b)
+  assert len(leaves_a) == len(leaves_b) > 10
+  for x, y in zip(leaves_a, leaves_b, strict=True):
+    assert x.dtype == y.dtype and np.array_equal(x, y)
+
+
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
+    (["--config.algorithm=easgd"], "config.algorithm='easgd' is invalid: valid: sync_easgd"),
+    (["--config.comm_period=0"], "config.comm_period=0 is invalid"),
+    (["--config.workers=8", "--config.devices=3"], "config.devices=3 is invalid"),
+    (["--config.moving_rate=0.2"], "beta = workers*moving_rate = 1.6 must be < 1"),
+    (["--config.batch_size=501"], "config.batch_size=501 is invalid: must be <= 500"),
+  ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides, message):
+  workdir = tmp_path / "run"
+  result = _train_cli(workdir, *overrides)
+  assert result.returncode == 2
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0]
+  assert result.stderr.rstrip().endswith(errors[0])
+  assert not workdir.exists()
+
+
+def test_workdir_of_another_configuration_is_refused_untouched(resumed_runs):
+  _, resumed = resumed_runs
+  before = sorted(os.listdir(resumed / "checkpoints"))
+  result = _train_cli(resumed, *RESUME_RUN, "--config.learning_rate=0.2")
+  assert result.returncode == 2
+  assert "holds a checkpoint of another configuration" in result.stderr
+  assert "config.learning_rate is 0.1 there, 0.2 here" in result.stderr
+  assert sorted(os.listdir(resumed / "checkpoints")) == before

@@ -1,0 +1,58 @@
+"""Every bad input is named in one line with what is allowed."""
+
+import pytest
+
+from configs import default
+from easgd import validation
+from easgd.errors import ConfigError
+
+
+def config_with(**overrides):
+  config = default.get_config()
+  config.update(overrides)
+  return config
+
+
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
+    ({"algorithm": "easgd"}, r"config.algorithm='easgd' .*valid: sync_easgd, sync_measgd"),
+    ({"model": "resnet"}, r"config.model='resnet' .*valid: lenet5"),
+    ({"dataset": "svhn"}, r"config.dataset='svhn' .*valid: cifar10, digits"),
+    ({"workers": 8, "devices": 3}, r"config.devices=3 .*must divide config.workers=8"),
+    ({"comm_period": 0}, r"config.comm_period=0 .*integer >= 1"),
+    ({"moving_rate": 0.0}, r"config.moving_rate=0.0 .*\(0, 1\)"),
+    ({"moving_rate": 1.5}, r"config.moving_rate=1.5 .*\(0, 1\)"),
+    ({"moving_rate": 0.125}, r"config.moving_rate=0.125 .*beta = workers\*moving_rate = 1"),
+    ({"momentum": 0.9}, r"config.momentum=0.9 .*sync_easgd takes plain SGD"),
+    ({"algorithm": "sync_measgd"}, r"config.momentum=0.0 .*sync_measgd needs a momentum"),
+    ({"learning_rate": -1.0}, r"config.learning_rate=-1.0 .*> 0"),
+    ({"batch_size": 0}, r"config.batch_size=0 .*>= 1"),
+    ({"total_steps": 0}, r"config.total_steps=0 .*>= 1"),
+    ({"workers": 0}, r"config.workers=0 .*>= 1"),
+  ],
+)
+def test_bad_fields_are_named_with_their_valid_range(overrides, message):
+  with pytest.raises(ConfigError, match=message) as error:
+    validation.validate(config_with(**overrides))
+  assert "\n" not in str(error.value)
+
+
+def test_sync_sgd_ignores_the_elastic_fields():
+  validation.validate(config_with(algorithm="sync_sgd", comm_period=0, moving_rate=0.0))
+
+
+def test_default_config_is_valid():
+  validation.validate(default.get_config())
+
+
+def test_batch_must_fit_a_workers_partition():
+  with pytest.raises(ConfigError, match=r"config.batch_size=600 .*<= 500"):
+    validation.validate_partition(config_with(batch_size=600), train_examples=4000)
+
+
+def test_resuming_with_another_configuration_is_refused():
+  saved = default.get_config().to_dict()
+  validation.check_resumable(saved, config_with(total_steps=5000, devices=2), "w")
+  with pytest.raises(ConfigError, match=r"config.learning_rate is 0.1 there, 0.2 here"):
+    validation.check_resumable(saved, config_with(learning_rate=0.2), "w")
