@@ -92,8 +92,8 @@ def main():
   seconds = {label: [] for label in variants}
   for _ in range(args.rounds):
     for label, (step_fn, state, step_args) in variants.items():
-      elapsed, state = timed(step_fn, state, step_args, args.steps)
-      variants[label] = (step_fn, state, step_args)
+      elapsed, new_state = timed(step_fn, state, step_args, args.steps)
+      variants[label] = (step_fn, new_state, step_args)
       seconds[label].append(elapsed)
 
   rates = {

@@ -87,8 +87,8 @@ def _leaves(tree):
 def _train_cli(workdir, *overrides, wait=True):
   command = [sys.executable, "train.py", f"--workdir={workdir}", *overrides]
   if not wait:
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  return subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 RESUME_RUN = (
