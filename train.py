@@ -13,7 +13,20 @@ from ml_collections import config_flags
 from easgd import sharding
 from easgd.errors import ConfigError
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Config file.")
+
+def _config_field_error(error: Exception) -> None:
+  """One line for an unknown --config.FIELD override (exit 2)."""
+  overrides = " ".join(arg for arg in sys.argv[1:] if arg.startswith("--config."))
+  field = str(error).strip("\"'")
+  print(f"error: unknown config field {field!r} in {overrides}", file=sys.stderr)
+  sys.exit(2)
+
+
+try:
+  # ml_collections applies --config.FIELD overrides already here.
+  _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Config file.")
+except (AttributeError, KeyError) as error:
+  _config_field_error(error)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Where events and checkpoints go.")
 
 
@@ -50,5 +63,16 @@ def main(argv):
   )
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing, with a bad flag or config field reported in one line (exit 2)."""
+  try:
+    return flags.FLAGS(argv)
+  except (AttributeError, KeyError) as error:
+    _config_field_error(error)
+  except (flags.Error, ValueError, TypeError) as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

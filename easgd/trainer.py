@@ -172,7 +172,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   images_per_step = num_workers * config.batch_size
   progress = _Progress()
   final: dict[str, float] = {}
-  interval_start, interval_steps = time.perf_counter(), 0
+  # Throughput counts training time only: evaluation and saving are left out.
+  resumed_at, interval_steps, train_seconds = time.perf_counter(), 0, 0.0
   try:
     while step < config.total_steps:
       state, step_metrics = train_step(state, train_images, train_labels)
@@ -185,10 +186,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       if not (log_now or eval_now or save_now):
         continue
       progress.drain()
+      train_seconds += time.perf_counter() - resumed_at
       if log_now:
-        elapsed = time.perf_counter() - interval_start
         train = {f"train/{tag}": value for tag, value in progress.means().items()}
-        train["train/images_per_sec"] = interval_steps * images_per_step / elapsed
+        train["train/images_per_sec"] = interval_steps * images_per_step / train_seconds
+        interval_steps, train_seconds = 0, 0.0
         train["comm/bytes_per_worker"] = rule.exchanges(step) * metrics.allreduce_bytes(
           model_bytes, num_workers
         )
@@ -200,7 +202,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       if save_now:
         checkpointer.save(state, config)
       writer.flush()
-      interval_start, interval_steps = time.perf_counter(), 0
+      resumed_at = time.perf_counter()
     if not any(tag.startswith("eval/") for tag in final):
       # Resumed at or past total_steps: report the state as it is.
       final.update(evaluate(state))
