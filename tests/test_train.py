@@ -137,6 +137,9 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
     (["--config.workers=8", "--config.devices=3"], "config.devices=3 is invalid"),
     (["--config.moving_rate=0.2"], "beta = workers*moving_rate = 1.6 must be < 1"),
     (["--config.batch_size=501"], "config.batch_size=501 is invalid: must be <= 500"),
+    (["--config.model=resnet"], "config.model='resnet' is invalid: valid: lenet5"),
+    (["--config.foo=1"], "unknown config field 'foo' in --config.foo=1"),
+    (["--config.workers=abc"], "flag --config.workers=abc: invalid literal"),
   ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides, message):
