@@ -10,8 +10,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from easgd import sharding
-from easgd.errors import ConfigError
+from easgd import sharding, trainer, validation
+from easgd.errors import ConfigError, TrainingDiverged
 
 
 def _config_field_error(error: Exception) -> None:
@@ -41,20 +41,16 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   config = _CONFIG.value
-  # Virtual CPU devices must be asked for before JAX starts its backends;
-  # they only matter where the platform is the CPU.
-  devices = config.devices if isinstance(config.devices, int) and config.devices > 0 else 0
-  if isinstance(config.workers, int) and config.workers > 0:
-    sharding.configure_cpu_devices(devices or min(config.workers, 8))
-
-  from easgd import trainer  # noqa: PLC0415 (after the device setup)
-
   try:
+    validation.validate(config)
+    # Virtual CPU devices must be asked for before JAX starts its backends;
+    # they only matter where the platform is the CPU.
+    sharding.configure_cpu_devices(config.devices or min(config.workers, 8))
     result = trainer.train_and_evaluate(config, _WORKDIR.value)
   except ConfigError as error:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)
-  except trainer.TrainingDiverged as error:
+  except TrainingDiverged as error:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(1)
   logging.info(

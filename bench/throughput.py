@@ -24,9 +24,11 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import models  # noqa: E402
 from easgd import data, rules, sharding, steps, trainer  # noqa: E402
+from easgd.rules import AXIS  # noqa: E402
 
 
 def timed(step_fn, state, args, num_steps):
@@ -80,7 +82,7 @@ def main():
 
   mesh = sharding.make_mesh(8)
   partitions = data.partition(dataset.train_images, dataset.train_labels, args.workers, 0)
-  train_data = tuple(sharding.place_worker_arrays(mesh, array) for array in partitions)
+  train_data = tuple(sharding.place(mesh, array, P(AXIS)) for array in partitions)
   for name, tau in (("sync_sgd", 1), ("sync_easgd", 1), ("sync_easgd", 4)):
     hyper = rules.Hyper(args.workers, 0.05, comm_period=tau, moving_rate=0.9 / args.workers)
     rule = rules.make_rule(name, hyper)

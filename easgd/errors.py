@@ -7,3 +7,7 @@ class ConfigError(ValueError):
   The message is one line naming what is wrong and what is allowed;
   train.py prints it and exits with status 2 before compiling or writing.
   """
+
+
+class TrainingDiverged(RuntimeError):
+  """The training loss stopped being finite; train.py exits with status 1."""

@@ -43,10 +43,10 @@ class Evaluator:
     labels = np.concatenate([labels, np.full(padded - self._count, -1, labels.dtype)])
     images = images.reshape(devices * chunks_per_device, chunk, *images.shape[1:])
     labels = labels.reshape(devices * chunks_per_device, chunk)
-    self._replicated = (sharding.replicate(mesh, images), sharding.replicate(mesh, labels))
+    self._replicated = (sharding.place(mesh, images, P()), sharding.place(mesh, labels, P()))
     self._split = (
-      sharding.place_worker_arrays(mesh, images),
-      sharding.place_worker_arrays(mesh, labels),
+      sharding.place(mesh, images, P(AXIS)),
+      sharding.place(mesh, labels, P(AXIS)),
     )
 
     def correct(params, images, labels):

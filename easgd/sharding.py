@@ -58,17 +58,12 @@ def named(mesh: Mesh, specs):
   )
 
 
-def place_worker_arrays(mesh: Mesh, host_array: np.ndarray) -> jax.Array:
-  """Places an array with a leading workers axis: each device gets its workers' slice.
+def place(mesh: Mesh, host_array: np.ndarray, spec: P) -> jax.Array:
+  """Places a host array on the mesh with `spec`: P(AXIS) splits a leading workers axis
+  (each device gets its workers' rows), P() gives every device a full copy.
 
   Built from a callback per device shard, so each process only touches the
   rows of the devices it owns.
   """
-  sharding = NamedSharding(mesh, P(AXIS))
-  return jax.make_array_from_callback(host_array.shape, sharding, lambda index: host_array[index])
-
-
-def replicate(mesh: Mesh, host_array: np.ndarray) -> jax.Array:
-  """Places a full copy of `host_array` on every device of the mesh."""
-  sharding = NamedSharding(mesh, P())
+  sharding = NamedSharding(mesh, spec)
   return jax.make_array_from_callback(host_array.shape, sharding, lambda index: host_array[index])

@@ -15,19 +15,17 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from absl import logging
+from jax.sharding import PartitionSpec as P
 
 import models
 from easgd import checkpoint, evaluation, metrics, sharding, steps, validation
 from easgd.data import load_dataset, partition
-from easgd.rules import Hyper, TrainState, make_rule
+from easgd.errors import TrainingDiverged
+from easgd.rules import AXIS, Hyper, TrainState, make_rule
 
 # Programs queued without waiting for a result. More than about 32 queued
 # programs with collectives deadlock XLA's CPU runtime on several devices.
 MAX_IN_FLIGHT = 8
-
-
-class TrainingDiverged(RuntimeError):
-  """The training loss stopped being finite."""
 
 
 @dataclasses.dataclass
@@ -146,8 +144,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   train_images, train_labels = partition(
     dataset.train_images, dataset.train_labels, num_workers, config.seed
   )
-  train_images = sharding.place_worker_arrays(mesh, train_images)
-  train_labels = sharding.place_worker_arrays(mesh, train_labels)
+  train_images = sharding.place(mesh, train_images, P(AXIS))
+  train_labels = sharding.place(mesh, train_labels, P(AXIS))
 
   train_step = (
     steps.build_train_step(rule, loss_fn, mesh, state, config.batch_size)

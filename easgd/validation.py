@@ -2,6 +2,7 @@
 
 import ml_collections
 
+from easgd.data import DATASETS
 from easgd.errors import ConfigError
 from easgd.rules import ELASTIC_RULES, MOMENTUM_RULES, RULES
 from models import MODELS
@@ -24,8 +25,6 @@ def _is_int(value) -> bool:
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the first field that is out of range."""
-  from easgd.data import DATASETS  # noqa: PLC0415 (keeps this module import-light)
-
   for field, registry in (("algorithm", RULES), ("model", MODELS), ("dataset", DATASETS)):
     value = config[field]
     _require(value in registry, field, value, f"valid: {', '.join(sorted(registry))}")

@@ -4,9 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import models
 from easgd import data, rules, sharding, steps
+from easgd.rules import AXIS
 
 
 def test_batches_of_an_epoch_are_disjoint_and_reshuffled_each_epoch():
@@ -30,8 +32,8 @@ def _train(num_devices, algorithm, steps_count=2):
   mesh = sharding.make_mesh(num_devices)
   state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
   images, labels = data.partition(dataset.train_images, dataset.train_labels, 8, seed=0)
-  images = sharding.place_worker_arrays(mesh, images)
-  labels = sharding.place_worker_arrays(mesh, labels)
+  images = sharding.place(mesh, images, P(AXIS))
+  labels = sharding.place(mesh, labels, P(AXIS))
   loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
   train_step = steps.build_train_step(rule, loss_fn, mesh, state, batch_size=16)
   for _ in range(steps_count):
