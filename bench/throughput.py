@@ -27,7 +27,7 @@ import optax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import models  # noqa: E402
-from easgd import data, rules, sharding, steps, trainer  # noqa: E402
+from easgd import algorithms, data, rules, sharding, steps, trainer  # noqa: E402
 from easgd.rules import AXIS  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def main():
   train_data = tuple(sharding.place(mesh, array, P(AXIS)) for array in partitions)
   for name, tau in (("sync_sgd", 1), ("sync_easgd", 1), ("sync_easgd", 4)):
     hyper = rules.Hyper(args.workers, 0.05, comm_period=tau, moving_rate=0.9 / args.workers)
-    rule = rules.make_rule(name, hyper)
+    rule = algorithms.make_rule(name, hyper)
     state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
     step_fn = steps.build_train_step(rule, loss_fn, mesh, state, args.batch_size)
     label = f"{name} tau={tau}" if name != "sync_sgd" else name

@@ -9,7 +9,9 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   # What is trained, how.
-  config.algorithm = "sync_easgd"  # sync_sgd | sync_easgd | sync_measgd
+  # sync_sgd | sync_easgd | sync_measgd | original_easgd | async_easgd | async_measgd
+  # | hogwild_easgd | async_sgd | async_msgd | hogwild_sgd | downpour
+  config.algorithm = "sync_easgd"
   config.model = "lenet5"
   config.dataset = "mnist5k"  # mnist5k | digits | mnist | fashion_mnist | cifar10
   config.data_dir = ""  # TFDS data_dir; "" for TFDS's default
@@ -19,10 +21,26 @@ def get_config() -> ml_collections.ConfigDict:
   config.batch_size = 32  # per worker
   # Update rule.
   config.learning_rate = 0.1  # eta
-  config.momentum = 0.0  # mu (or delta with nesterov); sync_sgd and sync_measgd
+  # mu (or delta with nesterov): sync_sgd, sync_measgd, async_measgd; at the master: async_msgd
+  config.momentum = 0.0
   config.nesterov = False
   config.comm_period = 4  # tau: local steps between elastic exchanges
   config.moving_rate = 0.9 / 8  # alpha; beta = workers * moving_rate must be < 1
+  config.n_sync = 4  # downpour: local steps between push and fetch
+  config.server_optimizer = "sgd"  # downpour's master: sgd | adagrad
+  # The timing model (easgd/cluster.py): it orders the parameter-server rules'
+  # requests and gives every rule a simulated clock (sim/time). Seconds, bytes.
+  # This one: CPU workers of 10 ms a step, the slowest 1.5x slower than the
+  # fastest, 10% jitter, on 1 Gbit/s Ethernet; the master takes 1 ms a request.
+  config.cluster = ml_collections.ConfigDict()
+  config.cluster.compute_time = 0.01  # mean local step of the fastest worker
+  config.cluster.speed_spread = 0.5  # worker i is (1 + speed_spread * i / (P - 1)) slower
+  config.cluster.jitter = 0.1  # lognormal sigma of each step's time
+  config.cluster.stragglers = ()  # worker indices, e.g. (3,)
+  config.cluster.straggler_slowdown = 4.0
+  config.cluster.latency = 5e-4  # per message
+  config.cluster.bandwidth = 1.25e8  # bytes/second
+  config.cluster.master_time = 1e-3  # master service time per request
   # Schedule.
   config.total_steps = 600
   config.log_every = 50

@@ -1,8 +1,9 @@
 """Orbax checkpoints of the whole training state under <workdir>/checkpoints.
 
 Each checkpoint holds the TrainState (workers, center, optimizer states,
-step, RNG; the data order follows from RNG and step) and the configuration
-that wrote it, so that a workdir is only resumed by the same run.
+steps, RNG; the data order follows from RNG and the workers' step counts),
+the state of the timing model's clock, and the configuration that wrote it,
+so that a workdir is only resumed by the same run.
 """
 
 import os
@@ -47,23 +48,28 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def save(self, state: TrainState, config: ml_collections.ConfigDict) -> None:
+  def save(self, state: TrainState, clock: dict, config: ml_collections.ConfigDict) -> None:
+    """Saves the state, the clock's `state_dict()` and the configuration."""
     step = int(jax.device_get(state.step))
     self._manager.save(
       step,
       args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(config.to_dict())
+        state=ocp.args.StandardSave(state),
+        clock=ocp.args.JsonSave(clock),
+        config=ocp.args.JsonSave(config.to_dict()),
       ),
     )
 
-  def restore(self, template: TrainState) -> TrainState:
-    """The newest state, laid out with the shardings of `template`."""
+  def restore(self, template: TrainState) -> tuple[TrainState, dict]:
+    """The newest state, laid out with the shardings of `template`, and its clock."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     restored = self._manager.restore(
       self._manager.latest_step(),
-      args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)),
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), clock=ocp.args.JsonRestore()
+      ),
     )
-    return restored.state
+    return restored.state, dict(restored.clock)
 
   def close(self) -> None:
     """Waits for pending saves to finish."""

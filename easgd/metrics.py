@@ -5,6 +5,7 @@ TensorFlow), by process 0 only.
 """
 
 import jax
+import numpy as np
 from absl import logging
 
 
@@ -26,6 +27,10 @@ class MetricWriter:
       "step %d: %s", step, ", ".join(f"{tag} {value:.6g}" for tag, value in values.items())
     )
 
+  def histogram(self, step: int, tag: str, values) -> None:
+    if self._writer is not None and len(values):
+      self._writer.add_histogram(tag, np.asarray(values), global_step=step)
+
   def text(self, tag: str, text: str) -> None:
     if self._writer is not None:
       self._writer.add_text(tag, text, global_step=0)
@@ -37,12 +42,3 @@ class MetricWriter:
   def close(self) -> None:
     if self._writer is not None:
       self._writer.close()
-
-
-def allreduce_bytes(model_bytes: int, num_workers: int) -> float:
-  """Bytes each worker sends in one bandwidth-optimal (ring) all-reduce of the model.
-
-  A ring all-reduce of n bytes over P participants sends 2*(P-1)/P*n bytes
-  from each (reduce-scatter, then all-gather).
-  """
-  return 2 * (num_workers - 1) / num_workers * model_bytes

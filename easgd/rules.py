@@ -12,6 +12,11 @@ Notation (as in the papers): P workers with parameters x_i, center x~,
 learning rate eta, moving rate alpha, communication period tau, momentum mu
 (classic) or delta (Nesterov), g_i the stochastic gradient of worker i on its
 own mini-batch. `state.step` counts the steps taken so far (t).
+
+Each step also receives a `tick`: the replicated arrays of `cluster.Tick`
+that say which workers step and which requests the master serves. The
+synchronous rules get an empty tick; the parameter-server rules
+(`easgd.parameter_server`) are driven by it.
 """
 
 import abc
@@ -25,6 +30,8 @@ import optax
 from flax import struct
 from jax import lax
 
+from easgd import cluster as cluster_lib
+
 AXIS = "workers"
 
 Params = Any
@@ -32,6 +39,8 @@ Batch = Any
 Metrics = dict[str, jax.Array]
 # loss_fn(params, batch) -> (mean loss, {"accuracy": mean accuracy}) for one worker.
 LossFn = Callable[[Params, Batch], tuple[jax.Array, dict[str, jax.Array]]]
+# cluster.Tick.device_inputs(), or {} for the synchronous rules.
+TickInputs = dict[str, jax.Array]
 
 
 @struct.dataclass
@@ -39,15 +48,18 @@ class TrainState:
   """Everything a run needs to continue: checkpointing this is enough to resume.
 
   Attributes:
-    step: number of steps taken, int32 scalar.
+    step: number of steps (ticks) taken, int32 scalar.
     rng: PRNG key of the run. Data order (and any other randomness) is a pure
-      function of (rng, step), so it needs no state of its own.
+      function of (rng, worker, worker_steps), so it needs no state of its own.
     center: the center variable x~; for sync_sgd the one shared x.
     center_opt: optimizer state of the center (sync_sgd), else ().
     workers: the workers' parameters x_i, stacked on a leading axis of size P
       (sharded over the mesh); () for sync_sgd, whose workers share x.
-    worker_opt: the workers' optimizer states (e.g. velocities v_i), stacked
-      like `workers`; () when the rule keeps none.
+    worker_opt: the workers' other state (velocities v_i, accumulated
+      gradients, increments in flight), stacked like `workers`; () when the
+      rule keeps none.
+    worker_steps: local steps each worker has taken, int32 [P]; it picks the
+      worker's next batch.
   """
 
   step: jax.Array
@@ -56,6 +68,7 @@ class TrainState:
   center_opt: Any
   workers: Params
   worker_opt: Any
+  worker_steps: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +81,24 @@ class Hyper:
   nesterov: bool = False
   comm_period: int = 1
   moving_rate: float = 0.0
+  n_sync: int = 1
+  server_optimizer: str = "sgd"
 
 
-def _stack(tree: Params, count: int) -> Params:
+def stack_workers(tree: Params, count: int) -> Params:
   return jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (count, *leaf.shape)), tree)
+
+
+def initial_state(rng, center, center_opt, workers, worker_opt, num_workers) -> TrainState:
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    rng=rng,
+    center=center,
+    center_opt=center_opt,
+    workers=workers,
+    worker_opt=worker_opt,
+    worker_steps=jnp.zeros((num_workers,), jnp.int32),
+  )
 
 
 def _sum_over_workers(tree: Params) -> Params:
@@ -87,6 +114,28 @@ def _step_metrics(loss: jax.Array, aux: dict[str, jax.Array], num_workers: int) 
   }
 
 
+def sgd_update(hyper: Hyper, workers: Params, batch: Batch, loss_fn: LossFn):
+  """Local SGD step of the local workers: returns (u_i = -eta*g_i(x_i), g_i, loss_i, aux_i)."""
+  (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(workers, batch)
+  updates = jax.tree.map(lambda g: -hyper.learning_rate * g, grads)
+  return updates, grads, loss, aux
+
+
+def momentum_update(hyper: Hyper, workers: Params, velocity: Params, batch: Batch, loss_fn):
+  """Local momentum step: returns (new v_i, loss_i, aux_i), where
+      classic (mu):             v_i <- mu*v_i - eta*g_i(x_i)
+      Nesterov, EAMSGD (delta): v_i <- delta*v_i - eta*g_i(x_i + delta*v_i)
+  """
+  mu, eta = hyper.momentum, hyper.learning_rate
+  if hyper.nesterov:
+    at = jax.tree.map(lambda x, v: x + mu * v, workers, velocity)
+  else:
+    at = workers
+  (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(at, batch)
+  velocity = jax.tree.map(lambda v, g: mu * v - eta * g, velocity, grads)
+  return velocity, loss, aux
+
+
 class Rule(abc.ABC):
   """The one interface the training loop knows."""
 
@@ -100,16 +149,30 @@ class Rule(abc.ABC):
     """Builds the state at step 0 from one set of initial parameters."""
 
   @abc.abstractmethod
-  def step(self, state: TrainState, batch: Batch, loss_fn: LossFn) -> tuple[TrainState, Metrics]:
-    """One training step, per device inside shard_map over `AXIS`."""
+  def step(
+    self, state: TrainState, batch: Batch, loss_fn: LossFn, tick: TickInputs
+  ) -> tuple[TrainState, Metrics]:
+    """One training step (tick), per device inside shard_map over `AXIS`."""
 
   @abc.abstractmethod
   def worker_params(self, state: TrainState) -> Params:
     """The parameters each worker evaluates with, stacked on a leading axis."""
 
+  @property
   @abc.abstractmethod
-  def exchanges(self, steps: int) -> int:
-    """How many all-reduces of the model the first `steps` steps perform."""
+  def period(self) -> int:
+    """Local steps of a worker between two of its exchanges."""
+
+  def make_clock(
+    self, cluster: cluster_lib.Cluster, model_bytes: int, seed: int
+  ) -> cluster_lib.Clock:
+    """The schedule of this rule on `cluster`: all workers in lockstep."""
+    return cluster_lib.SyncClock(cluster, self.hyper.num_workers, model_bytes, seed, self.period)
+
+  def tick_inputs(self, tick: cluster_lib.Tick) -> TickInputs:
+    """What the device program needs of a tick: nothing, for lockstep rules."""
+    del tick
+    return {}
 
 
 class SyncSGD(Rule):
@@ -132,16 +195,10 @@ class SyncSGD(Rule):
     )
 
   def init(self, params, rng):
-    return TrainState(
-      step=jnp.zeros((), jnp.int32),
-      rng=rng,
-      center=params,
-      center_opt=self.optimizer.init(params),
-      workers=(),
-      worker_opt=(),
-    )
+    return initial_state(rng, params, self.optimizer.init(params), (), (), self.hyper.num_workers)
 
-  def step(self, state, batch, loss_fn):
+  def step(self, state, batch, loss_fn, tick):
+    del tick
     # Every local worker differentiates at the shared x on its own batch. x is
     # first marked as varying over devices: the gradient of a replicated value
     # would otherwise come back already summed over devices (the transpose of
@@ -156,15 +213,17 @@ class SyncSGD(Rule):
       step=state.step + 1,
       center=optax.apply_updates(state.center, updates),
       center_opt=center_opt,
+      worker_steps=state.worker_steps + 1,
     )
     return new_state, _step_metrics(loss, aux, self.hyper.num_workers)
 
   def worker_params(self, state):
     # Every worker holds the shared x.
-    return _stack(state.center, self.hyper.num_workers)
+    return stack_workers(state.center, self.hyper.num_workers)
 
-  def exchanges(self, steps):
-    return steps
+  @property
+  def period(self):
+    return 1
 
 
 class SyncEASGD(Rule):
@@ -184,14 +243,9 @@ class SyncEASGD(Rule):
   name = "sync_easgd"
 
   def init(self, params, rng):
-    workers = _stack(params, self.hyper.num_workers)
-    return TrainState(
-      step=jnp.zeros((), jnp.int32),
-      rng=rng,
-      center=params,
-      center_opt=(),
-      workers=workers,
-      worker_opt=self._init_worker_opt(workers),
+    workers = stack_workers(params, self.hyper.num_workers)
+    return initial_state(
+      rng, params, (), workers, self._init_worker_opt(workers), self.hyper.num_workers
     )
 
   def _init_worker_opt(self, workers: Params) -> Any:
@@ -200,11 +254,11 @@ class SyncEASGD(Rule):
 
   def _local_update(self, state: TrainState, batch: Batch, loss_fn: LossFn):
     """Returns (u_i, new worker_opt, loss_i, aux_i) for the local workers."""
-    (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(state.workers, batch)
-    updates = jax.tree.map(lambda g: -self.hyper.learning_rate * g, grads)
+    updates, _, loss, aux = sgd_update(self.hyper, state.workers, batch, loss_fn)
     return updates, state.worker_opt, loss, aux
 
-  def step(self, state, batch, loss_fn):
+  def step(self, state, batch, loss_fn, tick):
+    del tick
     updates, worker_opt, loss, aux = self._local_update(state, batch, loss_fn)
     alpha = self.hyper.moving_rate
 
@@ -220,15 +274,20 @@ class SyncEASGD(Rule):
     is_exchange = (state.step + 1) % self.hyper.comm_period == 0
     workers, center = lax.cond(is_exchange, with_exchange, local_only)
     new_state = state.replace(
-      step=state.step + 1, workers=workers, center=center, worker_opt=worker_opt
+      step=state.step + 1,
+      workers=workers,
+      center=center,
+      worker_opt=worker_opt,
+      worker_steps=state.worker_steps + 1,
     )
     return new_state, _step_metrics(loss, aux, self.hyper.num_workers)
 
   def worker_params(self, state):
     return state.workers
 
-  def exchanges(self, steps):
-    return steps // self.hyper.comm_period
+  @property
+  def period(self):
+    return self.hyper.comm_period
 
 
 class SyncMEASGD(SyncEASGD):
@@ -248,26 +307,7 @@ class SyncMEASGD(SyncEASGD):
     return jax.tree.map(jnp.zeros_like, workers)
 
   def _local_update(self, state, batch, loss_fn):
-    mu, eta = self.hyper.momentum, self.hyper.learning_rate
-    velocity = state.worker_opt
-    if self.hyper.nesterov:
-      at = jax.tree.map(lambda x, v: x + mu * v, state.workers, velocity)
-    else:
-      at = state.workers
-    (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(at, batch)
-    velocity = jax.tree.map(lambda v, g: mu * v - eta * g, velocity, grads)
+    velocity, loss, aux = momentum_update(
+      self.hyper, state.workers, state.worker_opt, batch, loss_fn
+    )
     return velocity, velocity, loss, aux
-
-
-RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (SyncSGD, SyncEASGD, SyncMEASGD)}
-
-# Hyper-parameters each rule reads beyond learning_rate (for validation and docs).
-ELASTIC_RULES = frozenset({SyncEASGD.name, SyncMEASGD.name})
-MOMENTUM_RULES = frozenset({SyncMEASGD.name})
-
-
-def make_rule(name: str, hyper: Hyper) -> Rule:
-  """Returns the rule registered under `name`."""
-  if name not in RULES:
-    raise KeyError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(RULES))}")
-  return RULES[name](hyper)

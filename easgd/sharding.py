@@ -17,7 +17,7 @@ from easgd.errors import ConfigError
 from easgd.rules import AXIS, TrainState
 
 # Fields of TrainState with a leading workers axis; the rest is replicated.
-_WORKER_FIELDS = ("workers", "worker_opt")
+_WORKER_FIELDS = ("workers", "worker_opt", "worker_steps")
 
 
 def configure_cpu_devices(count: int) -> None:

@@ -2,7 +2,8 @@
 
 The training data never leaves the devices after it is placed: each device
 holds its workers' partitions, and every step draws each worker's batch from
-its own partition with indices that are a pure function of (rng, step).
+its own partition with indices that are a pure function of (rng, worker,
+the worker's local step count).
 """
 
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from easgd import sharding
 from easgd.data import Dataset
-from easgd.rules import AXIS, LossFn, Rule, TrainState
+from easgd.rules import AXIS, LossFn, Rule, TickInputs, TrainState
 
 
 def make_normalize(dataset: Dataset) -> Callable[[jax.Array], jax.Array]:
@@ -57,35 +58,37 @@ def batch_indices(rng: jax.Array, step: jax.Array, worker: jax.Array, size: int,
   return lax.dynamic_slice_in_dim(permutation, position * batch_size, batch_size)
 
 
-def sample_local_batches(images, labels, rng, step, batch_size: int):
+def sample_local_batches(images, labels, rng, worker_steps, batch_size: int):
   """Per device: one batch for each local worker from its own partition.
 
   Args:
     images: this device's partitions, [P/D, n, H, W, C].
     labels: [P/D, n].
-    rng, step: the state's key and step counter.
+    rng: the state's key.
+    worker_steps: the local workers' step counts, [P/D].
     batch_size: examples per worker.
   """
   local_workers, size = labels.shape
   first = lax.axis_index(AXIS) * local_workers
   workers = first + jnp.arange(local_workers)
 
-  def one_worker(worker, worker_images, worker_labels):
+  def one_worker(worker, step, worker_images, worker_labels):
     indices = batch_indices(rng, step, worker, size, batch_size)
     return {"image": worker_images[indices], "label": worker_labels[indices]}
 
-  return jax.vmap(one_worker)(workers, images, labels)
+  return jax.vmap(one_worker)(workers, worker_steps, images, labels)
 
 
 def _compile(per_device, mesh: Mesh, state: TrainState, num_worker_args: int):
-  """jit(shard_map(per_device)) for per_device(state, *worker_args) -> (state, metrics).
+  """jit(shard_map(per_device)) for per_device(state, *worker_args, tick) -> (state, metrics).
 
   The state keeps its layout (worker fields split over `workers`, the rest
-  replicated) and is donated, so its buffers are updated in place; every
-  other argument has a leading workers axis; metrics are replicated.
+  replicated) and is donated, so its buffers are updated in place; the
+  worker arguments have a leading workers axis; the tick and the metrics
+  are replicated.
   """
   specs = sharding.state_specs(state)
-  in_specs = (specs,) + (P(AXIS),) * num_worker_args
+  in_specs = (specs,) + (P(AXIS),) * num_worker_args + (P(),)
   out_specs = (specs, P())
   mapped = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
   return jax.jit(
@@ -97,19 +100,24 @@ def _compile(per_device, mesh: Mesh, state: TrainState, num_worker_args: int):
 
 
 def build_rule_step(rule: Rule, loss_fn: LossFn, mesh: Mesh, state: TrainState):
-  """(state, batch) -> (state, metrics), with explicit batches [P, b, ...]."""
-  return _compile(lambda state, batch: rule.step(state, batch, loss_fn), mesh, state, 1)
+  """(state, batch, tick) -> (state, metrics), with explicit batches [P, b, ...]."""
+
+  def per_device(state, batch, tick: TickInputs):
+    return rule.step(state, batch, loss_fn, tick)
+
+  return _compile(per_device, mesh, state, 1)
 
 
 def build_train_step(rule: Rule, loss_fn: LossFn, mesh: Mesh, state: TrainState, batch_size: int):
-  """(state, images, labels) -> (state, metrics), drawing batches on device.
+  """(state, images, labels, tick) -> (state, metrics), drawing batches on device.
 
-  images [P, n, H, W, C] and labels [P, n] are the resident partitions.
+  images [P, n, H, W, C] and labels [P, n] are the resident partitions; the
+  tick is `rule.tick_inputs(...)` of the rule's clock.
   """
 
-  def per_device(state, images, labels):
-    batch = sample_local_batches(images, labels, state.rng, state.step, batch_size)
-    return rule.step(state, batch, loss_fn)
+  def per_device(state, images, labels, tick: TickInputs):
+    batch = sample_local_batches(images, labels, state.rng, state.worker_steps, batch_size)
+    return rule.step(state, batch, loss_fn, tick)
 
   return _compile(per_device, mesh, state, 2)
 

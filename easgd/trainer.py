@@ -1,8 +1,9 @@
 """train_and_evaluate: the whole run, from configuration to final accuracy.
 
-The loop knows no algorithm by name: it calls the rule's compiled step, asks
-the rule which parameters its workers hold and how often it communicates,
-and otherwise only evaluates, logs and checkpoints.
+The loop knows no algorithm by name: it asks the rule's clock (the timing
+model) for the next tick, runs the rule's compiled step on it, asks the rule
+which parameters its workers hold, and otherwise only evaluates, logs and
+checkpoints.
 """
 
 import collections
@@ -14,14 +15,16 @@ import time
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from absl import logging
 from jax.sharding import PartitionSpec as P
 
 import models
-from easgd import checkpoint, evaluation, metrics, sharding, steps, validation
+from easgd import checkpoint, cluster, evaluation, metrics, sharding, steps, validation
+from easgd.algorithms import make_rule
 from easgd.data import load_dataset, partition
 from easgd.errors import TrainingDiverged
-from easgd.rules import AXIS, Hyper, TrainState, make_rule
+from easgd.rules import AXIS, Hyper, TrainState
 
 # Programs queued without waiting for a result. More than about 32 queued
 # programs with collectives deadlock XLA's CPU runtime on several devices.
@@ -50,6 +53,8 @@ def hyper_from(config: ml_collections.ConfigDict) -> Hyper:
     nesterov=config.nesterov,
     comm_period=config.comm_period,
     moving_rate=config.moving_rate,
+    n_sync=config.n_sync,
+    server_optimizer=config.server_optimizer,
   )
 
 
@@ -99,6 +104,44 @@ class _Progress:
     return means
 
 
+class _Schedule:
+  """What the clock's ticks did since the last log, and the run's totals."""
+
+  def __init__(self, clock: cluster.Clock):
+    self._clock = clock
+    self._steps = 0
+    self._staleness: list[int] = []
+    self._waits: list[float] = []
+
+  def add(self, tick: cluster.Tick) -> None:
+    self._steps += int(tick.local.sum())
+    self._staleness += tick.staleness
+    self._waits += tick.waits
+
+  def worker_steps(self) -> int:
+    """Local steps taken by all workers since the last call to `scalars`."""
+    return self._steps
+
+  def scalars(self) -> dict[str, float]:
+    clock = self._clock
+    values = {
+      "sim/time": clock.time,
+      "sim/worker_steps_min": float(clock.worker_steps.min()),
+      "sim/worker_steps_max": float(clock.worker_steps.max()),
+      "comm/exchanges_per_worker": float(clock.requests.mean()),
+      "comm/bytes_per_worker": float(clock.bytes_sent.mean()),
+    }
+    if self._staleness:
+      values["async/staleness_mean"] = float(np.mean(self._staleness))
+      values["async/queue_wait"] = float(np.mean(self._waits))
+    self._steps = 0
+    return values
+
+  def staleness(self) -> list[int]:
+    staleness, self._staleness, self._waits = self._staleness, [], []
+    return staleness
+
+
 def _due(step: int, every: int, total: int) -> bool:
   return step == total or (every > 0 and step % every == 0)
 
@@ -132,10 +175,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   state = steps.init_state(rule, params, run_rng, mesh)
   model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
 
+  clock = rule.make_clock(cluster.Cluster.from_config(config.cluster), model_bytes, config.seed)
+
   writer = metrics.MetricWriter(workdir)
   checkpointer = checkpoint.Checkpointer(workdir)
   if checkpointer.latest_step() is not None:
-    state = checkpointer.restore(state)
+    state, clock_state = checkpointer.restore(state)
+    clock.load_state_dict(clock_state)
     logging.info("resumed from the checkpoint of step %d", checkpointer.latest_step())
   else:
     writer.text("config", "```\n" + json.dumps(config.to_dict(), indent=2) + "\n```")
@@ -149,7 +195,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
 
   train_step = (
     steps.build_train_step(rule, loss_fn, mesh, state, config.batch_size)
-    .lower(state, train_images, train_labels)
+    .lower(state, train_images, train_labels, rule.tick_inputs(cluster.Tick.empty(num_workers)))
     .compile()
   )
 
@@ -167,16 +213,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
     }
 
   step = int(jax.device_get(state.step))
-  images_per_step = num_workers * config.batch_size
+  schedule = _Schedule(clock)
   progress = _Progress()
   final: dict[str, float] = {}
   # Throughput counts training time only: evaluation and saving are left out.
-  resumed_at, interval_steps, train_seconds = time.perf_counter(), 0, 0.0
+  resumed_at, train_seconds = time.perf_counter(), 0.0
   try:
     while step < config.total_steps:
-      state, step_metrics = train_step(state, train_images, train_labels)
+      tick = clock.next_tick()
+      state, step_metrics = train_step(state, train_images, train_labels, rule.tick_inputs(tick))
+      schedule.add(tick)
       step += 1
-      interval_steps += 1
       progress.push(step, step_metrics)
       log_now = _due(step, config.log_every, config.total_steps)
       eval_now = _due(step, config.eval_every, config.total_steps)
@@ -187,18 +234,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       train_seconds += time.perf_counter() - resumed_at
       if log_now:
         train = {f"train/{tag}": value for tag, value in progress.means().items()}
-        train["train/images_per_sec"] = interval_steps * images_per_step / train_seconds
-        interval_steps, train_seconds = 0, 0.0
-        train["comm/bytes_per_worker"] = rule.exchanges(step) * metrics.allreduce_bytes(
-          model_bytes, num_workers
-        )
+        images = schedule.worker_steps() * config.batch_size
+        train["train/images_per_sec"] = images / train_seconds
+        train_seconds = 0.0
+        train.update(schedule.scalars())
         writer.scalars(step, train)
+        writer.histogram(step, "async/staleness", schedule.staleness())
         final.update(train)
       if eval_now:
         final.update(evaluate(state))
         writer.scalars(step, {tag: final[tag] for tag in final if tag.startswith("eval/")})
       if save_now:
-        checkpointer.save(state, config)
+        checkpointer.save(state, clock.state_dict(), config)
       writer.flush()
       resumed_at = time.perf_counter()
     if not any(tag.startswith("eval/") for tag in final):

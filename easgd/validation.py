@@ -2,10 +2,21 @@
 
 import ml_collections
 
+import json
+
+from easgd.algorithms import (
+  ELASTIC_RULES,
+  MOMENTUM_RULES,
+  OPTIONAL_MOMENTUM_RULES,
+  RULES,
+  SERVER_OPTIMIZERS,
+)
 from easgd.data import DATASETS
 from easgd.errors import ConfigError
-from easgd.rules import ELASTIC_RULES, MOMENTUM_RULES, RULES
 from models import MODELS
+
+# Rules whose momentum step may be Nesterov's.
+NESTEROV_RULES = frozenset({"sync_sgd", "sync_measgd", "async_measgd"})
 
 # Fields a checkpoint may be resumed with under other values: they change how
 # long the run goes on, what it reports, or where it runs, not the trajectory.
@@ -48,21 +59,38 @@ def validate(config: ml_collections.ConfigDict) -> None:
   )
   _require(config.learning_rate > 0, "learning_rate", config.learning_rate, "must be > 0")
   _require(0 <= config.momentum < 1, "momentum", config.momentum, "must be in [0, 1)")
-  if config.algorithm in MOMENTUM_RULES:
+  algorithm = config.algorithm
+  if algorithm in MOMENTUM_RULES:
     _require(
-      0 < config.momentum < 1,
+      0 < config.momentum < 1, "momentum", config.momentum, f"{algorithm} needs a momentum in (0, 1)"
+    )
+  elif algorithm not in OPTIONAL_MOMENTUM_RULES:
+    with_momentum = ", ".join(sorted(MOMENTUM_RULES | OPTIONAL_MOMENTUM_RULES))
+    _require(
+      config.momentum == 0,
       "momentum",
       config.momentum,
-      f"{config.algorithm} needs a momentum in (0, 1)",
+      f"{algorithm} takes no momentum (momentum 0); rules with momentum: {with_momentum}",
     )
-  elif config.algorithm in ELASTIC_RULES:
-    _require(
-      config.momentum == 0 and not config.nesterov,
-      "momentum",
-      config.momentum,
-      f"{config.algorithm} takes plain SGD local steps (momentum 0, nesterov False); "
-      "use sync_measgd for momentum",
-    )
+  _require(
+    not config.nesterov or algorithm in NESTEROV_RULES,
+    "nesterov",
+    config.nesterov,
+    f"{algorithm} has no Nesterov form; rules with one: {', '.join(sorted(NESTEROV_RULES))}",
+  )
+  _require(
+    _is_int(config.n_sync) and config.n_sync >= 1,
+    "n_sync",
+    config.n_sync,
+    "must be an integer >= 1 (downpour's local steps between push and fetch)",
+  )
+  _require(
+    config.server_optimizer in SERVER_OPTIMIZERS,
+    "server_optimizer",
+    config.server_optimizer,
+    f"valid: {', '.join(SERVER_OPTIMIZERS)}",
+  )
+  validate_cluster(config.cluster, workers)
   if config.algorithm in ELASTIC_RULES:
     tau, alpha = config.comm_period, config.moving_rate
     _require(_is_int(tau) and tau >= 1, "comm_period", tau, "must be an integer >= 1")
@@ -86,6 +114,36 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _require(_is_int(config.seed), "seed", config.seed, "must be an integer")
 
 
+def validate_cluster(cluster: ml_collections.ConfigDict, workers: int) -> None:
+  """The timing model: positive times and bandwidth, stragglers among the workers."""
+
+  def require(ok, field, allowed):
+    _require(ok, f"cluster.{field}", cluster[field], allowed)
+
+  def number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+  require(number(cluster.compute_time) and cluster.compute_time > 0, "compute_time", "must be > 0")
+  for field in ("speed_spread", "jitter", "latency", "master_time"):
+    require(number(cluster[field]) and cluster[field] >= 0, field, "must be >= 0")
+  require(
+    number(cluster.bandwidth) and cluster.bandwidth > 0, "bandwidth", "must be > 0 (bytes/second)"
+  )
+  require(
+    number(cluster.straggler_slowdown) and cluster.straggler_slowdown >= 1,
+    "straggler_slowdown",
+    "must be >= 1 (how many times slower a straggler is)",
+  )
+  stragglers = cluster.stragglers
+  require(
+    isinstance(stragglers, (tuple, list))
+    and all(_is_int(i) and 0 <= i < workers for i in stragglers)
+    and len(set(stragglers)) == len(stragglers),
+    "stragglers",
+    f"must be distinct worker indices in [0, {workers}), e.g. (3,) or (0, 5)",
+  )
+
+
 def validate_partition(config: ml_collections.ConfigDict, train_examples: int) -> None:
   """The batch must fit in each worker's share of the training set."""
   per_worker = train_examples // config.workers
@@ -100,7 +158,8 @@ def validate_partition(config: ml_collections.ConfigDict, train_examples: int) -
 
 def check_resumable(saved: dict, config: ml_collections.ConfigDict, workdir: str) -> None:
   """A workdir's checkpoint may only be resumed by the configuration that wrote it."""
-  current = config.to_dict()
+  # Through JSON, as the saved copy went: tuples become lists.
+  current = json.loads(json.dumps(config.to_dict()))
   for field in sorted(set(saved) | set(current)):
     if field in RESUMABLE_FIELDS:
       continue

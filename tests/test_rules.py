@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import numpy_reference
-from easgd import rules, sharding, steps
+from easgd import algorithms, rules, sharding, steps
 
 DIM, OUT, BATCH, STEPS = 5, 3, 4, 7
 ETA, ALPHA, MU = 0.1, 0.9 / 8, 0.9
@@ -37,7 +37,7 @@ def make_problem(num_workers, steps_count=STEPS, seed=0):
 def run_rule(name, hyper, x0, batches, num_devices):
   """Runs the rule's compiled step on `num_devices`; returns the state after each step."""
   mesh = sharding.make_mesh(num_devices)
-  rule = rules.make_rule(name, hyper)
+  rule = algorithms.make_rule(name, hyper)
   params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x0)
   state = steps.init_state(rule, params, jax.random.PRNGKey(0), mesh)
   step = steps.build_rule_step(rule, loss_fn, mesh, state)
@@ -138,4 +138,4 @@ def test_tiny_moving_rate_and_huge_period_leave_the_center_alone():
 
 def test_make_rule_names_the_valid_rules():
   with pytest.raises(KeyError, match="sync_easgd, sync_measgd, sync_sgd"):
-    rules.make_rule("easgd", rules.Hyper(8, 0.1))
+    algorithms.make_rule("easgd", rules.Hyper(8, 0.1))

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import models
-from easgd import data, rules, sharding, steps
+from easgd import algorithms, data, rules, sharding, steps
 from easgd.rules import AXIS
 
 
@@ -28,7 +28,7 @@ def _train(num_devices, algorithm, steps_count=2):
   model = models.get_model("lenet5", dataset.num_classes)
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
   hyper = rules.Hyper(8, 0.05, momentum=0.9, comm_period=2, moving_rate=0.1)
-  rule = rules.make_rule(algorithm, hyper)
+  rule = algorithms.make_rule(algorithm, hyper)
   mesh = sharding.make_mesh(num_devices)
   state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
   images, labels = data.partition(dataset.train_images, dataset.train_labels, 8, seed=0)

@@ -1,0 +1,301 @@
+"""The parameter-server family, as pure functions over the same sharded state.
+
+In the original algorithms a master process holds x~ and serves worker
+requests as they arrive. Here the arrival order comes from a seeded timing
+model (`easgd.cluster.AsyncClock`), which hands every step a *tick*: the
+workers that take a local step (`local`, [P]) and the master's operations in
+the order it performs them (`op_kind`, `op_worker`, `num_ops`). One step then
+  1. takes a local step for the workers in `local` (the others keep their
+     state: slow workers really take fewer steps);
+  2. replays the master: the workers' parameters (and whatever a request
+     carries) are all-gathered, every device runs the same ordered loop over
+     the operations on its replica of x~, and keeps its own workers' rows.
+The master's sequential semantics are therefore exact, whatever the order.
+
+Master operations on request of worker j (alpha: moving rate, eta: learning
+rate, G_j: gradients accumulated since worker j's last request):
+  EASGD family (original, async, async_measgd, hogwild):
+      e = alpha*(x_j - x~);  x_j <- x_j - e;  x~ <- x~ + e
+    The request is sent at the start of the worker's exchange step and the
+    step's local update u_j is computed at the x_j it sent, so the step is
+    x_j <- x_j + u_j - alpha*(x_j - x~) (Zhang et al. 2015, Algorithm 1).
+  SGD family (async_sgd, async_msgd, hogwild_sgd, downpour):
+      u, s <- server_optimizer.update(G_j, s);  x~ <- x~ + u;  x_j <- x~;  G_j <- 0
+    Local steps before the request are x_j <- x_j - eta*g_j(x_j),
+    G_j <- G_j + g_j (Dean et al. 2012's Downpour client; with one local step
+    per request the local update is overwritten by the fetch: Async SGD).
+Without a lock (Hogwild) a request is split in two operations: READ at
+arrival computes the increment (e, or u) from the x~ it sees then and
+updates the worker (x_j <- x_j - e, or x_j <- snapshot + u), and WRITE adds
+the increment to x~ master_time later. Requests whose READ and WRITE
+interleave read the same snapshot and all their increments are added.
+"""
+
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from easgd import cluster as cluster_lib
+from easgd.rules import AXIS, Rule, TrainState, initial_state, stack_workers, momentum_update, sgd_update
+
+
+def _index(tree, j):
+  return jax.tree.map(lambda leaf: leaf[j], tree)
+
+
+def _set(tree, j, value):
+  return jax.tree.map(lambda leaf, v: leaf.at[j].set(v), tree, value)
+
+
+class ParameterServerRule(Rule):
+  """A master and P workers; see the module docstring for the operations."""
+
+  policy: ClassVar[str]  # cluster.FCFS | ROUND_ROBIN | HOGWILD
+  elastic: ClassVar[bool]  # EASGD exchange (True) or push/pull of gradients (False)
+  local_momentum: ClassVar[bool] = False  # the workers' local step keeps a velocity
+
+  @property
+  def period(self):
+    return self.hyper.comm_period if self.elastic else 1
+
+  def server_optimizer(self) -> optax.GradientTransformation:
+    return optax.sgd(self.hyper.learning_rate)
+
+  def make_clock(self, cluster, model_bytes, seed):
+    return cluster_lib.AsyncClock(
+      cluster,
+      self.hyper.num_workers,
+      model_bytes,
+      seed,
+      period=self.period,
+      policy=self.policy,
+      exchange_first=self.elastic,
+    )
+
+  def tick_inputs(self, tick):
+    return tick.device_inputs()
+
+  # Which worker_opt fields a request reads or writes (all-gathered for the master).
+  def _request_fields(self) -> tuple[str, ...]:
+    fields = () if self.elastic else ("accum",)
+    return fields + (("pending",) if self.policy == cluster_lib.HOGWILD else ())
+
+  def init(self, params, rng):
+    num_workers = self.hyper.num_workers
+    workers = stack_workers(params, num_workers)
+    fields = self._request_fields() + (("velocity",) if self.local_momentum else ())
+    worker_opt = {field: jax.tree.map(jnp.zeros_like, workers) for field in fields}
+    center_opt = () if self.elastic else self.server_optimizer().init(params)
+    return initial_state(rng, params, center_opt, workers, worker_opt, num_workers)
+
+  def worker_params(self, state):
+    return state.workers
+
+  # The step.
+
+  def _local(self, state: TrainState, batch, loss_fn, stepping: jax.Array):
+    """Local step of this device's workers that are in the tick.
+
+    Returns (workers, worker_opt, updates still to apply, loss, accuracy);
+    the elastic rules apply their update after the master's operations.
+    """
+    hyper = self.hyper
+
+    def where(new, old):
+      return jax.tree.map(
+        lambda n, o: jnp.where(stepping.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old
+      )
+
+    # Every worker computes; the mask keeps the result of those in the tick.
+    # (Skipping idle workers with lax.cond made the step about 3x slower on CPU.)
+    if self.local_momentum:
+      updates, loss, aux = momentum_update(
+        hyper, state.workers, state.worker_opt["velocity"], batch, loss_fn
+      )
+      other = updates
+    else:
+      updates, other, loss, aux = sgd_update(hyper, state.workers, batch, loss_fn)
+    accuracy = aux["accuracy"]
+    worker_opt = dict(state.worker_opt)
+    workers = state.workers
+    if self.local_momentum:
+      worker_opt["velocity"] = where(other, worker_opt["velocity"])
+    if not self.elastic:
+      workers = where(jax.tree.map(jnp.add, workers, updates), workers)
+      worker_opt["accum"] = where(jax.tree.map(jnp.add, worker_opt["accum"], other), worker_opt["accum"])
+      updates = None
+    else:
+      updates = where(updates, jax.tree.map(jnp.zeros_like, updates))
+    return workers, worker_opt, updates, loss, accuracy
+
+  def _read(self, carry, j, locked: bool):
+    """Request of worker j; locked: READ and WRITE at once."""
+    center, center_opt, shared = carry
+    if self.elastic:
+      x = _index(shared["workers"], j)
+      increment = jax.tree.map(lambda xj, c: self.hyper.moving_rate * (xj - c), x, center)
+      shared = dict(shared, workers=_set(shared["workers"], j, jax.tree.map(jnp.subtract, x, increment)))
+    else:
+      increment, center_opt = self.server_optimizer().update(
+        _index(shared["accum"], j), center_opt, center
+      )
+      shared = dict(
+        shared,
+        workers=_set(shared["workers"], j, optax.apply_updates(center, increment)),
+        accum=_set(shared["accum"], j, jax.tree.map(jnp.zeros_like, increment)),
+      )
+    if locked:
+      center = optax.apply_updates(center, increment)
+    else:
+      shared = dict(shared, pending=_set(shared["pending"], j, increment))
+    return center, center_opt, shared
+
+  def _write(self, carry, j):
+    center, center_opt, shared = carry
+    return optax.apply_updates(center, _index(shared["pending"], j)), center_opt, shared
+
+  def _master(self, tick, first, count, center, center_opt, workers, worker_opt):
+    shared = {"workers": workers, **{f: worker_opt[f] for f in self._request_fields()}}
+    # Every device gets all rows, as values equal on every device.
+    shared = lax.all_gather(shared, AXIS, tiled=True, to="invarying")
+
+    def operation(n, carry):
+      j = tick["op_worker"][n]
+      if self.policy != cluster_lib.HOGWILD:
+        return self._read(carry, j, locked=True)
+      return lax.cond(
+        tick["op_kind"][n] == cluster_lib.READ,
+        lambda: self._read(carry, j, locked=False),
+        lambda: self._write(carry, j),
+      )
+
+    center, center_opt, shared = lax.fori_loop(
+      0, tick["num_ops"], operation, (center, center_opt, shared)
+    )
+    own = jax.tree.map(lambda leaf: lax.dynamic_slice_in_dim(leaf, first, count), shared)
+    worker_opt = dict(worker_opt, **{f: own[f] for f in self._request_fields()})
+    return center, center_opt, own["workers"], worker_opt
+
+  def step(self, state, batch, loss_fn, tick):
+    count = state.worker_steps.shape[0]
+    first = lax.axis_index(AXIS) * count
+    stepping = lax.dynamic_slice_in_dim(tick["local"], first, count)
+    workers, worker_opt, updates, loss, accuracy = self._local(state, batch, loss_fn, stepping)
+    center, center_opt, workers, worker_opt = lax.cond(
+      tick["num_ops"] > 0,
+      lambda *args: self._master(tick, first, count, *args),
+      lambda *args: args,
+      state.center,
+      state.center_opt,
+      workers,
+      worker_opt,
+    )
+    if updates is not None:
+      workers = jax.tree.map(jnp.add, workers, updates)
+    weight = stepping.astype(jnp.float32)
+    steps_taken = jnp.maximum(lax.psum(weight.sum(), AXIS), 1.0)
+    metrics = {
+      "loss": lax.psum((loss * weight).sum(), AXIS) / steps_taken,
+      "accuracy": lax.psum((accuracy * weight).sum(), AXIS) / steps_taken,
+    }
+    new_state = state.replace(
+      step=state.step + 1,
+      center=center,
+      center_opt=center_opt,
+      workers=workers,
+      worker_opt=worker_opt,
+      worker_steps=state.worker_steps + stepping.astype(jnp.int32),
+    )
+    return new_state, metrics
+
+
+class OriginalEASGD(ParameterServerRule):
+  """EASGD with a round-robin master (SC17's baseline): worker i's k-th exchange is
+  served after worker i-1's k-th, so later workers see the center as moved by earlier ones."""
+
+  name = "original_easgd"
+  policy = cluster_lib.ROUND_ROBIN
+  elastic = True
+
+
+class AsyncEASGD(ParameterServerRule):
+  """Asynchronous EASGD: exchanges served first come, first served under a lock."""
+
+  name = "async_easgd"
+  policy = cluster_lib.FCFS
+  elastic = True
+
+
+class AsyncMEASGD(ParameterServerRule):
+  """Async EASGD with the momentum local step of sync_measgd:
+  v_i <- mu*v_i - eta*g_i;  x_i <- x_i + v_i [- alpha*(x_i - x~) on exchange steps]."""
+
+  name = "async_measgd"
+  policy = cluster_lib.FCFS
+  elastic = True
+  local_momentum = True
+
+
+class HogwildEASGD(ParameterServerRule):
+  """EASGD without a lock at the master: overlapping exchanges read the same x~."""
+
+  name = "hogwild_easgd"
+  policy = cluster_lib.HOGWILD
+  elastic = True
+
+
+class AsyncSGD(ParameterServerRule):
+  """Asynchronous SGD: pull x, compute g at it, push g; the master applies
+  x <- x - eta*g per arrival, first come first served."""
+
+  name = "async_sgd"
+  policy = cluster_lib.FCFS
+  elastic = False
+
+
+class AsyncMSGD(AsyncSGD):
+  """Async SGD with momentum at the master: m <- mu*m + g;  x <- x - eta*m."""
+
+  name = "async_msgd"
+
+  def server_optimizer(self):
+    return optax.sgd(self.hyper.learning_rate, momentum=self.hyper.momentum)
+
+
+class HogwildSGD(AsyncSGD):
+  """Async SGD without a lock: overlapping pushes apply to the same snapshot."""
+
+  name = "hogwild_sgd"
+  policy = cluster_lib.HOGWILD
+
+
+class Downpour(AsyncSGD):
+  """Downpour SGD / GPU A-SGD (Dean et al. 2012; Paine et al. 2013): n_sync local
+  steps (n_fetch = n_push = n_sync), then push the accumulated gradient, which the
+  master applies with SGD or AdaGrad, and fetch x~."""
+
+  name = "downpour"
+
+  @property
+  def period(self):
+    return self.hyper.n_sync
+
+  def server_optimizer(self):
+    if self.hyper.server_optimizer == "adagrad":
+      return optax.adagrad(self.hyper.learning_rate)
+    return optax.sgd(self.hyper.learning_rate)
+
+
+PARAMETER_SERVER_RULES = (
+  OriginalEASGD,
+  AsyncEASGD,
+  AsyncMEASGD,
+  HogwildEASGD,
+  AsyncSGD,
+  AsyncMSGD,
+  HogwildSGD,
+  Downpour,
+)

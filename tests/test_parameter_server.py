@@ -1,0 +1,251 @@
+"""The parameter-server rules against a literal event loop in NumPy, and the
+identities that hold between rules (docs/asynchrony.md lists them)."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import numpy_reference
+from easgd import algorithms, cluster, rules, sharding, steps
+from test_rules import DIM, OUT, loss_fn, numpy_grad
+
+ETA, ALPHA, MU = 0.05, 0.2, 0.9
+WORKERS, BATCH = 4, 4
+
+# Unequal speeds (worker 3 twice as slow as worker 0, worker 1 a straggler),
+# jitter, and a master slow enough that requests queue and overlap.
+UNEQUAL = cluster.Cluster(
+  compute_time=1.0,
+  speed_spread=1.0,
+  jitter=0.3,
+  stragglers=(1,),
+  straggler_slowdown=1.5,
+  latency=0.05,
+  bandwidth=math.inf,
+  master_time=0.4,
+)
+EQUAL = cluster.Cluster(compute_time=1.0, latency=0.05, master_time=0.2)
+
+# name -> (family, lock, period, server, mu, nesterov)
+REFERENCE = {
+  "original_easgd": ("elastic", "round_robin", 2, "sgd", None, False),
+  "async_easgd": ("elastic", "fcfs", 2, "sgd", None, False),
+  "async_measgd": ("elastic", "fcfs", 2, "sgd", MU, True),
+  "hogwild_easgd": ("elastic", None, 2, "sgd", None, False),
+  "async_sgd": ("push", "fcfs", 1, "sgd", None, False),
+  "async_msgd": ("push", "fcfs", 1, "momentum", MU, False),
+  "hogwild_sgd": ("push", None, 1, "sgd", None, False),
+  "downpour": ("push", "fcfs", 3, "adagrad", None, False),
+}
+
+
+def hyper_for(name, num_workers=WORKERS, comm_period=2):
+  momentum = MU if name in algorithms.MOMENTUM_RULES else 0.0
+  return rules.Hyper(
+    num_workers=num_workers,
+    learning_rate=ETA,
+    momentum=momentum,
+    nesterov=name == "async_measgd",
+    comm_period=comm_period,
+    moving_rate=ALPHA,
+    n_sync=3,
+    server_optimizer="adagrad",
+  )
+
+
+def make_data(num_workers, steps_count, seed=0):
+  """x0 and batches[i][k]: worker i's batch for its k-th local step."""
+  rng = np.random.default_rng(seed)
+  x0 = {"w": rng.normal(size=(DIM, OUT)), "b": rng.normal(size=OUT)}
+  true_w = rng.normal(size=(DIM, OUT))
+  batches = []
+  for _ in range(num_workers):
+    x = rng.normal(size=(steps_count, BATCH, DIM))
+    y = x @ true_w + 0.1 * rng.normal(size=(steps_count, BATCH, OUT))
+    batches.append([{"x": x[k], "y": y[k]} for k in range(steps_count)])
+  return x0, batches
+
+
+def run_ticks(name, hyper, timing, x0, batches, num_ticks, num_devices, seed=0):
+  """Runs a rule's compiled step for num_ticks ticks of its clock.
+
+  Returns (states after each tick, the ticks).
+  """
+  mesh = sharding.make_mesh(num_devices)
+  rule = algorithms.make_rule(name, hyper)
+  params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x0)
+  state = steps.init_state(rule, params, jax.random.PRNGKey(0), mesh)
+  step = steps.build_rule_step(rule, loss_fn, mesh, state)
+  clock = rule.make_clock(timing, model_bytes=4 * (DIM * OUT + OUT), seed=seed)
+  num_workers = hyper.num_workers
+  taken = np.zeros(num_workers, int)
+  states, ticks = [], []
+  for _ in range(num_ticks):
+    tick = clock.next_tick()
+    # Each worker's batch for its next step (unused by workers not in the tick).
+    batch = {
+      key: np.stack([batches[i][taken[i]][key] for i in range(num_workers)]).astype(np.float32)
+      for key in ("x", "y")
+    }
+    state, _ = step(state, batch, rule.tick_inputs(tick))
+    taken += tick.local
+    states.append(jax.device_get(state))
+    ticks.append(tick)
+  return states, ticks
+
+
+def assert_close(actual, expected):
+  for key in expected:
+    np.testing.assert_allclose(np.asarray(actual[key]), expected[key], rtol=2e-5, atol=2e-5)
+
+
+def worker_row(state, i):
+  return {key: value[i] for key, value in state.workers.items()}
+
+
+@pytest.mark.parametrize("num_devices", [4, 2])
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_rule_follows_a_literal_parameter_server(name, num_devices):
+  family, lock, period, server, mu, nesterov = REFERENCE[name]
+  x0, batches = make_data(WORKERS, steps_count=60)
+  states, ticks = run_ticks(name, hyper_for(name), UNEQUAL, x0, batches, 30, num_devices)
+
+  mean = UNEQUAL.mean_step_times(WORKERS)
+
+  def durations(i, k):
+    # The timing model's formula, written out: lognormal jitter from (seed, i, k).
+    z = np.random.default_rng([0, i, k]).standard_normal()
+    return mean[i] * math.exp(0.3 * z - 0.3**2 / 2)
+
+  centers, worker_histories, staleness = numpy_reference.parameter_server(
+    x0,
+    batches,
+    numpy_grad,
+    family=family,
+    lock=lock,
+    period=period,
+    durations=durations,
+    message=0.05,
+    master_time=0.4,
+    eta=ETA,
+    alpha=ALPHA,
+    mu=mu,
+    nesterov=nesterov,
+    server=server,
+    until=ticks[-1].time + 10,
+  )
+  writes = np.zeros((), int)
+  updates = np.zeros(WORKERS, int)
+  served = []
+  for state, tick in zip(states, ticks, strict=True):
+    for kind, worker in tick.ops:
+      writes += kind in (cluster.EXCHANGE, cluster.WRITE)
+      if family == "push":
+        updates[worker] += kind in (cluster.EXCHANGE, cluster.READ)
+    updates += tick.local
+    served += tick.staleness
+    # The state after each tick is the reference's after the same events.
+    assert_close(state.center, centers[writes])
+    for i in range(WORKERS):
+      assert_close(worker_row(state, i), worker_histories[i][updates[i]])
+  assert served == staleness[: len(served)]
+  # The run is long enough to mean something, and speeds really differ.
+  assert writes >= 12 and sum(len(t.ops) for t in ticks) >= 12
+  taken = states[-1].worker_steps
+  assert sum(taken) >= 30
+  # Under round robin every worker waits for its turn, so all keep pace with
+  # the slowest; otherwise the fast worker 0 takes more steps than worker 3.
+  assert taken[0] == taken[3] if lock == "round_robin" else taken[0] > taken[3]
+  if lock is None:
+    assert overlapping_reads([op for t in ticks for op in t.ops]) >= 2
+
+
+def overlapping_reads(ops):
+  """Hogwild reads that another read followed before their own write."""
+  count = 0
+  for n, (kind, worker) in enumerate(ops):
+    if kind == cluster.READ and (cluster.WRITE, worker) in ops[n:]:
+      end = ops.index((cluster.WRITE, worker), n)
+      count += any(other == cluster.READ for other, _ in ops[n + 1 : end])
+  return count
+
+
+def final(name, hyper, timing, ticks=16, num_workers=WORKERS, seed=0):
+  x0, batches = make_data(num_workers, steps_count=40)
+  states, schedule = run_ticks(name, hyper, timing, x0, batches, ticks, num_workers, seed)
+  return states[-1], schedule
+
+
+def assert_same_state(a, b, exact=True):
+  """Center and workers equal: bitwise, or (for other compiled programs) to float rounding."""
+  pairs = zip(
+    jax.tree.leaves((a.center, a.workers)), jax.tree.leaves((b.center, b.workers)), strict=True
+  )
+  for x, y in pairs:
+    if exact:
+      np.testing.assert_array_equal(x, y)
+    else:
+      np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_equal_speeds_make_async_easgd_the_round_robin_original():
+  # All workers finish together; ties go to the lower index, so the first
+  # come first served order is the round-robin order 0, 1, ..., P-1.
+  a, ticks_a = final("async_easgd", hyper_for("async_easgd"), EQUAL)
+  b, ticks_b = final("original_easgd", hyper_for("original_easgd"), EQUAL)
+  assert [t.ops for t in ticks_a] == [t.ops for t in ticks_b]
+  assert_same_state(a, b)
+
+
+@pytest.mark.parametrize("locked,hogwild", [("async_easgd", "hogwild_easgd"), ("async_sgd", "hogwild_sgd")])
+def test_without_service_time_hogwild_is_the_locked_rule(locked, hogwild):
+  # A write lands the moment it is read, before any other request arrives:
+  # no two requests overlap, so there is nothing for the lock to serialise.
+  instant = dataclasses.replace(UNEQUAL, master_time=0.0)
+  a, ticks_a = final(locked, hyper_for(locked), instant)
+  b, ticks_b = final(hogwild, hyper_for(hogwild), instant)
+  # The same requests in the same order; each Hogwild write follows its read.
+  assert [w for t in ticks_a for _, w in t.ops] == [w for t in ticks_b for _, w in t.ops][::2]
+  assert_same_state(a, b, exact=False)
+
+
+def test_fully_overlapping_hogwild_easgd_is_sync_easgd():
+  # Equal speeds: every exchange reads the same center and all increments are
+  # added: x_i <- x_i + u_i - alpha*(x_i - c), c <- c + alpha*sum_i (x_i - c).
+  # Each worker exchanges every other tick; sync_easgd exchanges on the same steps.
+  hogwild, ticks = final("hogwild_easgd", hyper_for("hogwild_easgd"), EQUAL)
+  assert all(t.local.all() for t in ticks)
+  sync, _ = final("sync_easgd", hyper_for("sync_easgd"), EQUAL)
+  assert_same_state(hogwild, sync, exact=False)
+
+
+@pytest.mark.parametrize(
+  "name,sync_name", [("async_sgd", "sync_sgd"), ("async_easgd", "sync_easgd"), ("hogwild_easgd", "sync_easgd")]
+)
+def test_one_worker_has_no_asynchrony(name, sync_name):
+  timing = dataclasses.replace(UNEQUAL, stragglers=())
+  a, _ = final(name, hyper_for(name, num_workers=1), timing, num_workers=1)
+  b, _ = final(sync_name, hyper_for(sync_name, num_workers=1), timing, num_workers=1)
+  for x, y in zip(jax.tree.leaves(a.center), jax.tree.leaves(b.center), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_downpour_with_one_local_step_and_sgd_is_async_sgd():
+  hyper = hyper_for("downpour")
+  downpour = dataclasses.replace(hyper, n_sync=1, server_optimizer="sgd")
+  a, _ = final("downpour", downpour, UNEQUAL)
+  b, _ = final("async_sgd", hyper_for("async_sgd"), UNEQUAL)
+  assert_same_state(a, b)
+
+
+def test_the_seed_replays_the_run_and_another_seed_changes_the_order():
+  a, ticks_a = final("async_easgd", hyper_for("async_easgd"), UNEQUAL, seed=3)
+  b, ticks_b = final("async_easgd", hyper_for("async_easgd"), UNEQUAL, seed=3)
+  assert_same_state(a, b)
+  _, ticks_c = final("async_easgd", hyper_for("async_easgd"), UNEQUAL, seed=4)
+  assert [t.ops for t in ticks_a] == [t.ops for t in ticks_b]
+  assert [t.ops for t in ticks_a] != [t.ops for t in ticks_c]
