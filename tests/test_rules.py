@@ -43,7 +43,7 @@ def run_rule(name, hyper, x0, batches, num_devices):
   step = steps.build_rule_step(rule, loss_fn, mesh, state)
   history = []
   for batch in batches:
-    state, _ = step(state, jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), batch))
+    state, _ = step(state, jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), batch), {})
     history.append(jax.device_get(state))
   return history
 

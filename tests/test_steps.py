@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import models
-from easgd import algorithms, data, rules, sharding, steps
+from easgd import algorithms, cluster, data, rules, sharding, steps
 from easgd.rules import AXIS
 
 
@@ -36,12 +36,17 @@ def _train(num_devices, algorithm, steps_count=2):
   labels = sharding.place(mesh, labels, P(AXIS))
   loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
   train_step = steps.build_train_step(rule, loss_fn, mesh, state, batch_size=16)
+  timing = cluster.Cluster(compute_time=1.0, speed_spread=1.0, jitter=0.3, master_time=0.5)
+  clock = rule.make_clock(timing, model_bytes=0, seed=0)
   for _ in range(steps_count):
-    state, metrics = train_step(state, images, labels)
+    state, metrics = train_step(state, images, labels, rule.tick_inputs(clock.next_tick()))
   return jax.device_get(state), jax.device_get(metrics)
 
 
-@pytest.mark.parametrize("algorithm,steps_count", [("sync_measgd", 3), ("sync_sgd", 1)])
+@pytest.mark.parametrize(
+  "algorithm,steps_count",
+  [("sync_measgd", 3), ("sync_sgd", 1), ("async_measgd", 4), ("hogwild_sgd", 3)],
+)
 def test_eight_workers_give_the_same_result_on_8_4_2_and_1_devices(algorithm, steps_count):
   # Sums over workers are reassociated differently on each layout, so the
   # layouts agree to float rounding. (Over many steps a ReLU or max-pool

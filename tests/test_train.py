@@ -1,5 +1,6 @@
 """End to end: training, TensorBoard, TFDS, kill-and-resume, bad input, divergence."""
 
+import json
 import os
 import re
 import signal
@@ -55,6 +56,35 @@ def test_default_config_learns_in_300_steps_and_writes_tensorboard(tmp_path):
   )
 
 
+def test_async_rule_logs_its_simulated_cluster(tmp_path):
+  # Worker 7 is a straggler, 4x slower: it takes far fewer steps than the others.
+  config = config_with(
+    algorithm="async_easgd", total_steps=60, log_every=20, eval_every=60, checkpoint_every=0
+  )
+  config.cluster.stragglers = (7,)
+  result = trainer.train_and_evaluate(config, str(tmp_path))
+  accumulator = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
+  accumulator.Reload()
+  async_tags = {
+    "sim/time",
+    "sim/worker_steps_min",
+    "sim/worker_steps_max",
+    "comm/exchanges_per_worker",
+    "async/staleness_mean",
+    "async/queue_wait",
+  }
+  assert TAGS | async_tags <= set(accumulator.Tags()["scalars"])
+  assert "async/staleness" in accumulator.Tags()["histograms"]
+  [_, _, last] = accumulator.Histograms("async/staleness")
+  assert last.step == 60 and last.histogram_value.num > 10
+  times = [event.value for event in accumulator.Scalars("sim/time")]
+  assert 0 < times[0] < times[1] < times[2]
+  metrics = result.metrics
+  assert metrics["sim/worker_steps_max"] == 60
+  assert metrics["sim/worker_steps_min"] < 0.5 * metrics["sim/worker_steps_max"]
+  assert metrics["eval/center_accuracy"] > 0.5
+
+
 @pytest.mark.parametrize("algorithm,momentum", [("sync_sgd", 0.9), ("sync_measgd", 0.9)])
 def test_tfds_dataset_trains_under_mock_data(tmp_path, algorithm, momentum):
   config = config_with(
@@ -99,13 +129,18 @@ RESUME_RUN = (
 )
 
 
-@pytest.fixture(scope="module")
-def resumed_runs(tmp_path_factory):
-  """An uninterrupted run, and one killed with SIGKILL after a checkpoint and resumed."""
+@pytest.fixture(scope="module", params=["sync_easgd", "hogwild_easgd"])
+def resumed_runs(request, tmp_path_factory):
+  """An uninterrupted run, and one killed with SIGKILL after a checkpoint and resumed.
+
+  hogwild_easgd resumes the timing model's simulation too (its event queue,
+  its half-filled ticks and its requests in flight).
+  """
+  run = (*RESUME_RUN, f"--config.algorithm={request.param}")
   straight = tmp_path_factory.mktemp("straight")
-  assert _train_cli(straight, *RESUME_RUN).returncode == 0
+  assert _train_cli(straight, *run).returncode == 0
   resumed = tmp_path_factory.mktemp("resumed")
-  process = _train_cli(resumed, *RESUME_RUN, wait=False)
+  process = _train_cli(resumed, *run, wait=False)
   deadline = time.monotonic() + 120
   while not os.path.isdir(resumed / "checkpoints" / "20") and time.monotonic() < deadline:
     time.sleep(0.05)
@@ -113,26 +148,34 @@ def resumed_runs(tmp_path_factory):
   assert process.wait(timeout=30) == -signal.SIGKILL
   killed_at = max(int(name) for name in os.listdir(resumed / "checkpoints") if name.isdigit())
   assert killed_at < 160
-  finished = _train_cli(resumed, *RESUME_RUN)
+  finished = _train_cli(resumed, *run)
   assert finished.returncode == 0, finished.stderr[-2000:]
   assert "resumed from the checkpoint of step" in finished.stderr
-  return straight, resumed
+  return straight, resumed, run
 
 
 def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs):
-  straight, resumed = resumed_runs
+  straight, resumed, _ = resumed_runs
   a = ocp.PyTreeCheckpointer().restore(straight / "checkpoints" / "160" / "state")
   b = ocp.PyTreeCheckpointer().restore(resumed / "checkpoints" / "160" / "state")
   leaves_a, leaves_b = _leaves(a), _leaves(b)
   assert len(leaves_a) == len(leaves_b) > 10
   for x, y in zip(leaves_a, leaves_b, strict=True):
     assert x.dtype == y.dtype and np.array_equal(x, y)
+  # The simulated clock went on where it stopped.
+  clock_a = json.loads((straight / "checkpoints" / "160" / "clock" / "metadata").read_text())
+  clock_b = json.loads((resumed / "checkpoints" / "160" / "clock" / "metadata").read_text())
+  assert clock_a == clock_b and clock_a["time"] > 0
 
 
 @pytest.mark.parametrize(
   "overrides,message",
   [
-    (["--config.algorithm=easgd"], "config.algorithm='easgd' is invalid: valid: sync_easgd"),
+    (["--config.algorithm=easgd"], "config.algorithm='easgd' is invalid: valid: async_easgd"),
+    (["--config.cluster.bandwidth=0"], "config.cluster.bandwidth=0.0 is invalid: must be > 0"),
+    (["--config.cluster.master_time=-1"], "config.cluster.master_time=-1.0 is invalid"),
+    (["--config.cluster.stragglers=(9,)"], "config.cluster.stragglers=(9,) is invalid"),
+    (["--config.algorithm=downpour", "--config.n_sync=0"], "config.n_sync=0 is invalid"),
     (["--config.comm_period=0"], "config.comm_period=0 is invalid"),
     (["--config.workers=8", "--config.devices=3"], "config.devices=3 is invalid"),
     (["--config.moving_rate=0.2"], "beta = workers*moving_rate = 1.6 must be < 1"),
@@ -153,9 +196,9 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides,
 
 
 def test_workdir_of_another_configuration_is_refused_untouched(resumed_runs):
-  _, resumed = resumed_runs
+  _, resumed, run = resumed_runs
   before = sorted(os.listdir(resumed / "checkpoints"))
-  result = _train_cli(resumed, *RESUME_RUN, "--config.learning_rate=0.2")
+  result = _train_cli(resumed, *run, "--config.learning_rate=0.2")
   assert result.returncode == 2
   assert "holds a checkpoint of another configuration" in result.stderr
   assert "config.learning_rate is 0.1 there, 0.2 here" in result.stderr

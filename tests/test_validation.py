@@ -16,7 +16,7 @@ def config_with(**overrides):
 @pytest.mark.parametrize(
   "overrides,message",
   [
-    ({"algorithm": "easgd"}, r"config.algorithm='easgd' .*valid: sync_easgd, sync_measgd"),
+    ({"algorithm": "easgd"}, r"config.algorithm='easgd' .*valid: async_easgd, .*sync_sgd"),
     ({"model": "resnet"}, r"config.model='resnet' .*valid: lenet5"),
     ({"dataset": "svhn"}, r"config.dataset='svhn' .*valid: cifar10, digits"),
     ({"workers": 8, "devices": 3}, r"config.devices=3 .*must divide config.workers=8"),
@@ -24,7 +24,12 @@ def config_with(**overrides):
     ({"moving_rate": 0.0}, r"config.moving_rate=0.0 .*\(0, 1\)"),
     ({"moving_rate": 1.5}, r"config.moving_rate=1.5 .*\(0, 1\)"),
     ({"moving_rate": 0.125}, r"config.moving_rate=0.125 .*beta = workers\*moving_rate = 1"),
-    ({"momentum": 0.9}, r"config.momentum=0.9 .*sync_easgd takes plain SGD"),
+    ({"momentum": 0.9}, r"config.momentum=0.9 .*sync_easgd takes no momentum"),
+    ({"algorithm": "async_sgd", "momentum": 0.9}, r"config.momentum=0.9 .*async_sgd takes no"),
+    ({"algorithm": "async_msgd"}, r"config.momentum=0.0 .*async_msgd needs a momentum"),
+    ({"algorithm": "async_msgd", "momentum": 0.9, "nesterov": True}, r"config.nesterov=True"),
+    ({"algorithm": "downpour", "n_sync": 0}, r"config.n_sync=0 .*integer >= 1"),
+    ({"server_optimizer": "adam"}, r"config.server_optimizer='adam' .*valid: sgd, adagrad"),
     ({"algorithm": "sync_measgd"}, r"config.momentum=0.0 .*sync_measgd needs a momentum"),
     ({"learning_rate": -1.0}, r"config.learning_rate=-1.0 .*> 0"),
     ({"batch_size": 0}, r"config.batch_size=0 .*>= 1"),
@@ -35,6 +40,27 @@ def config_with(**overrides):
 def test_bad_fields_are_named_with_their_valid_range(overrides, message):
   with pytest.raises(ConfigError, match=message) as error:
     validation.validate(config_with(**overrides))
+  assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+  "field,value,message",
+  [
+    ("compute_time", 0.0, r"config.cluster.compute_time=0.0 .*> 0"),
+    ("latency", -1e-3, r"config.cluster.latency=-0.001 .*>= 0"),
+    ("master_time", -1.0, r"config.cluster.master_time=-1.0 .*>= 0"),
+    ("jitter", -0.1, r"config.cluster.jitter=-0.1 .*>= 0"),
+    ("bandwidth", 0.0, r"config.cluster.bandwidth=0.0 .*> 0 \(bytes/second\)"),
+    ("straggler_slowdown", 0.5, r"config.cluster.straggler_slowdown=0.5 .*>= 1"),
+    ("stragglers", (8,), r"config.cluster.stragglers=\(8,\) .*indices in \[0, 8\)"),
+    ("stragglers", (2, 2), r"config.cluster.stragglers=\(2, 2\) .*distinct"),
+  ],
+)
+def test_bad_timing_model_is_named(field, value, message):
+  config = default.get_config()
+  config.cluster[field] = value
+  with pytest.raises(ConfigError, match=message) as error:
+    validation.validate(config)
   assert "\n" not in str(error.value)
 
 
@@ -56,3 +82,11 @@ def test_resuming_with_another_configuration_is_refused():
   validation.check_resumable(saved, config_with(total_steps=5000, devices=2), "w")
   with pytest.raises(ConfigError, match=r"config.learning_rate is 0.1 there, 0.2 here"):
     validation.check_resumable(saved, config_with(learning_rate=0.2), "w")
+
+
+def test_resuming_names_a_changed_timing_model_field():
+  saved = default.get_config().to_dict()
+  changed = default.get_config()
+  changed.cluster.stragglers = (3,)
+  with pytest.raises(ConfigError, match=r"config.cluster.stragglers is \[\] there, \[3\] here"):
+    validation.check_resumable(saved, changed, "w")
