@@ -1,12 +1,16 @@
-"""Images/s of the sync rules on 8 virtual devices beside a plain single-device baseline.
+"""Images/s of the rules on 8 virtual devices beside a plain single-device baseline.
 
     python bench/throughput.py [--workers 8] [--batch_size 32] [--steps 100] [--rounds 3]
 
 The baseline is a minimal jit-compiled LeNet-5 SGD step on one device with
-the same images per step (workers * batch_size) already on the device. All
-variants are timed in the same run, in interleaved rounds (the machine is
-shared and noisy); the median round is reported with its ratio to the
-baseline's median.
+the same images per step (workers * batch_size) already on the device. The
+rules run as train.py runs them: each step asks the rule's clock (the
+default config's timing model) for its tick, and a rule's images are the
+local steps its workers really took (under the parameter-server rules slow
+workers sit some ticks out). All variants are timed in the same run, in
+interleaved rounds (the machine is shared and noisy); the median round is
+reported with its ratio to the baseline's median, and async_easgd's to
+sync_easgd's with the same tau.
 """
 
 import os
@@ -27,21 +31,39 @@ import optax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import models  # noqa: E402
-from easgd import algorithms, data, rules, sharding, steps, trainer  # noqa: E402
+from configs import default  # noqa: E402
+from easgd import algorithms, cluster, data, rules, sharding, steps, trainer  # noqa: E402
 from easgd.rules import AXIS  # noqa: E402
 
+# (rule, tau): tau for the elastic rules, 0 where it does not apply.
+RULES = (
+  ("sync_sgd", 0),
+  ("sync_easgd", 1),
+  ("sync_easgd", 4),
+  ("async_easgd", 4),
+  ("hogwild_easgd", 4),
+  ("async_sgd", 0),
+  ("downpour", 0),
+)
 
-def timed(step_fn, state, args, num_steps):
-  """Seconds for `num_steps` steps, blocking every 8 to bound queued programs."""
-  state, out = step_fn(state, *args)  # warm-up (compiled already)
+
+def timed(step_fn, state, next_args, num_steps):
+  """(seconds, images, state) for `num_steps` steps, blocking every 8 to bound queued programs.
+
+  next_args() -> (the step's arguments after the state, the images it trains on).
+  """
+  state, out = step_fn(state, *next_args()[0])  # warm-up (compiled already)
   jax.block_until_ready(out)
+  images = 0
   start = time.perf_counter()
   for i in range(num_steps):
+    args, step_images = next_args()
     state, out = step_fn(state, *args)
+    images += step_images
     if i % trainer.MAX_IN_FLIGHT == 0:
       jax.block_until_ready(out)
   jax.block_until_ready(out)
-  return time.perf_counter() - start, state
+  return time.perf_counter() - start, images, state
 
 
 def main():
@@ -76,40 +98,55 @@ def main():
     "baseline (1 device, plain jit)": (
       baseline_step,
       (jax.tree.map(jnp.copy, params), optimizer.init(params)),
-      (baseline_images, baseline_labels),
+      lambda: ((baseline_images, baseline_labels), images_per_step),
     )
   }
 
+  config = default.get_config()
+  timing = cluster.Cluster.from_config(config.cluster)
+  model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
   mesh = sharding.make_mesh(8)
   partitions = data.partition(dataset.train_images, dataset.train_labels, args.workers, 0)
-  train_data = tuple(sharding.place(mesh, array, P(AXIS)) for array in partitions)
-  for name, tau in (("sync_sgd", 1), ("sync_easgd", 1), ("sync_easgd", 4)):
-    hyper = rules.Hyper(args.workers, 0.05, comm_period=tau, moving_rate=0.9 / args.workers)
+  images, labels = (sharding.place(mesh, array, P(AXIS)) for array in partitions)
+  for name, tau in RULES:
+    hyper = rules.Hyper(
+      args.workers, 0.05, comm_period=tau, moving_rate=0.9 / args.workers, n_sync=4
+    )
     rule = algorithms.make_rule(name, hyper)
     state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
     step_fn = steps.build_train_step(rule, loss_fn, mesh, state, args.batch_size)
-    label = f"{name} tau={tau}" if name != "sync_sgd" else name
-    variants[label] = (step_fn, state, train_data)
+    clock = rule.make_clock(timing, model_bytes, seed=0)
+
+    def next_args(rule=rule, clock=clock):
+      tick = clock.next_tick()
+      return (images, labels, rule.tick_inputs(tick)), int(tick.local.sum()) * args.batch_size
+
+    variants[f"{name} tau={tau}" if tau else name] = (step_fn, state, next_args)
 
   seconds = {label: [] for label in variants}
+  counts = {label: [] for label in variants}
   for _ in range(args.rounds):
-    for label, (step_fn, state, step_args) in variants.items():
-      elapsed, new_state = timed(step_fn, state, step_args, args.steps)
-      variants[label] = (step_fn, new_state, step_args)
+    for label, (step_fn, state, next_args) in variants.items():
+      elapsed, count, new_state = timed(step_fn, state, next_args, args.steps)
+      variants[label] = (step_fn, new_state, next_args)
       seconds[label].append(elapsed)
+      counts[label].append(count)
 
   rates = {
-    label: args.steps * images_per_step / statistics.median(s) for label, s in seconds.items()
+    label: statistics.median(c / s for c, s in zip(counts[label], seconds[label], strict=True))
+    for label in variants
   }
   baseline = next(iter(rates.values()))
   print(
     f"LeNet-5, mnist5k, {args.workers} workers x batch {args.batch_size} "
-    f"({images_per_step} images a step), 8 {jax.devices()[0].platform} devices, "
+    f"({images_per_step} images a step when all step), 8 {jax.devices()[0].platform} devices, "
     f"{args.steps} steps x {args.rounds} rounds (median)"
   )
   print(f"{'variant':<32} {'images/s':>10} {'vs baseline':>12}")
   for label, rate in rates.items():
     print(f"{label:<32} {rate:>10.0f} {rate / baseline:>11.2f}x")
+  ratio = rates["async_easgd tau=4"] / rates["sync_easgd tau=4"]
+  print(f"async_easgd / sync_easgd (tau=4): {ratio:.2f}x (goal: >= 0.7x)")
 
 
 if __name__ == "__main__":

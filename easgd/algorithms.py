@@ -4,7 +4,12 @@ from easgd import parameter_server, rules
 
 RULES: dict[str, type[rules.Rule]] = {
   rule.name: rule
-  for rule in (rules.SyncSGD, rules.SyncEASGD, rules.SyncMEASGD, *parameter_server.PARAMETER_SERVER_RULES)
+  for rule in (
+    rules.SyncSGD,
+    rules.SyncEASGD,
+    rules.SyncMEASGD,
+    *parameter_server.PARAMETER_SERVER_RULES,
+  )
 }
 ASYNC_RULES = frozenset(rule.name for rule in parameter_server.PARAMETER_SERVER_RULES)
 

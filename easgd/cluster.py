@@ -209,35 +209,42 @@ class Clock(abc.ABC):
 
 
 class SyncClock(Clock):
-  """All workers step together; every `period`-th step ends with a ring all-reduce.
+  """All workers take their steps together; every `period`-th step ends with a
+  barrier and a ring all-reduce.
 
-  Step time = max_i (step time of worker i) + the all-reduce, if any.
+  Between all-reduces each worker runs at its own pace; the all-reduce starts
+  when the slowest worker arrives and ends `allreduce_time` later for all.
+  A tick's time is that of the latest worker.
   """
 
   def __init__(self, cluster, num_workers, model_bytes, seed, period: int):
     super().__init__(cluster, num_workers, model_bytes, seed)
     self.period = period
     self.steps = 0
+    self._worker_time = np.zeros(num_workers)
 
   def _advance(self) -> Tick:
     step = self.steps
     self.steps += 1
-    time = self.time + max(self._step_time(i, step) for i in range(self.num_workers))
+    for i in range(self.num_workers):
+      self._worker_time[i] += self._step_time(i, step)
     requests = np.zeros(self.num_workers, np.int64)
     bytes_sent = np.zeros(self.num_workers)
     if self.steps % self.period == 0 and self.num_workers > 1:
-      time += self.cluster.allreduce_time(self.model_bytes, self.num_workers)
+      allreduce = self.cluster.allreduce_time(self.model_bytes, self.num_workers)
+      self._worker_time[:] = self._worker_time.max() + allreduce
       requests[:] = 1
       bytes_sent[:] = allreduce_bytes(self.model_bytes, self.num_workers)
     local = np.ones(self.num_workers, bool)
-    return Tick(time, local, [], [], [], requests, bytes_sent)
+    return Tick(float(self._worker_time.max()), local, [], [], [], requests, bytes_sent)
 
   def state_dict(self):
-    return {**super().state_dict(), "steps": self.steps}
+    return {**super().state_dict(), "steps": self.steps, "worker_time": self._worker_time.tolist()}
 
   def load_state_dict(self, state):
     super().load_state_dict(state)
     self.steps = int(state["steps"])
+    self._worker_time = np.array(state["worker_time"], np.float64)
 
 
 class AsyncClock(Clock):
@@ -391,12 +398,14 @@ class AsyncClock(Clock):
     return self._released < earliest
 
   def _advance(self) -> Tick:
-    while not self._complete():
-      self._handle(*heapq.heappop(self._heap))
-    self._released += 1
-    tick = self._open.popleft()
-    tick.time = max(tick.time, self.time)  # sim/time never runs backwards
-    return tick
+    while True:
+      while not self._complete():
+        self._handle(*heapq.heappop(self._heap))
+      self._released += 1
+      tick = self._open.popleft()
+      if tick.local.any() or tick.ops:  # a tick every worker jumped over is skipped
+        tick.time = max(tick.time, self.time)  # sim/time never runs backwards
+        return tick
 
   def state_dict(self):
     return {

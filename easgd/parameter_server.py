@@ -39,7 +39,15 @@ import optax
 from jax import lax
 
 from easgd import cluster as cluster_lib
-from easgd.rules import AXIS, Rule, TrainState, initial_state, stack_workers, momentum_update, sgd_update
+from easgd.rules import (
+  AXIS,
+  Rule,
+  TrainState,
+  initial_state,
+  momentum_update,
+  sgd_update,
+  stack_workers,
+)
 
 
 def _index(tree, j):
@@ -111,25 +119,23 @@ class ParameterServerRule(Rule):
 
     # Every worker computes; the mask keeps the result of those in the tick.
     # (Skipping idle workers with lax.cond made the step about 3x slower on CPU.)
-    if self.local_momentum:
-      updates, loss, aux = momentum_update(
-        hyper, state.workers, state.worker_opt["velocity"], batch, loss_fn
-      )
-      other = updates
-    else:
-      updates, other, loss, aux = sgd_update(hyper, state.workers, batch, loss_fn)
-    accuracy = aux["accuracy"]
     worker_opt = dict(state.worker_opt)
-    workers = state.workers
     if self.local_momentum:
-      worker_opt["velocity"] = where(other, worker_opt["velocity"])
-    if not self.elastic:
-      workers = where(jax.tree.map(jnp.add, workers, updates), workers)
-      worker_opt["accum"] = where(jax.tree.map(jnp.add, worker_opt["accum"], other), worker_opt["accum"])
-      updates = None
+      velocity, loss, aux = momentum_update(
+        hyper, state.workers, worker_opt["velocity"], batch, loss_fn
+      )
+      worker_opt["velocity"] = where(velocity, worker_opt["velocity"])
+      updates = velocity
     else:
-      updates = where(updates, jax.tree.map(jnp.zeros_like, updates))
-    return workers, worker_opt, updates, loss, accuracy
+      updates, grads, loss, aux = sgd_update(hyper, state.workers, batch, loss_fn)
+    if self.elastic:
+      # Applied after the master's operations, which read x_i from before the step.
+      zeros = jax.tree.map(jnp.zeros_like, updates)
+      return state.workers, worker_opt, where(updates, zeros), loss, aux["accuracy"]
+    workers = where(jax.tree.map(jnp.add, state.workers, updates), state.workers)
+    accum = worker_opt["accum"]
+    worker_opt["accum"] = where(jax.tree.map(jnp.add, accum, grads), accum)
+    return workers, worker_opt, None, loss, aux["accuracy"]
 
   def _read(self, carry, j, locked: bool):
     """Request of worker j; locked: READ and WRITE at once."""
@@ -137,7 +143,9 @@ class ParameterServerRule(Rule):
     if self.elastic:
       x = _index(shared["workers"], j)
       increment = jax.tree.map(lambda xj, c: self.hyper.moving_rate * (xj - c), x, center)
-      shared = dict(shared, workers=_set(shared["workers"], j, jax.tree.map(jnp.subtract, x, increment)))
+      shared = dict(
+        shared, workers=_set(shared["workers"], j, jax.tree.map(jnp.subtract, x, increment))
+      )
     else:
       increment, center_opt = self.server_optimizer().update(
         _index(shared["accum"], j), center_opt, center

@@ -123,8 +123,8 @@ def sgd_update(hyper: Hyper, workers: Params, batch: Batch, loss_fn: LossFn):
 
 def momentum_update(hyper: Hyper, workers: Params, velocity: Params, batch: Batch, loss_fn):
   """Local momentum step: returns (new v_i, loss_i, aux_i), where
-      classic (mu):             v_i <- mu*v_i - eta*g_i(x_i)
-      Nesterov, EAMSGD (delta): v_i <- delta*v_i - eta*g_i(x_i + delta*v_i)
+  classic (mu):             v_i <- mu*v_i - eta*g_i(x_i)
+  Nesterov, EAMSGD (delta): v_i <- delta*v_i - eta*g_i(x_i + delta*v_i)
   """
   mu, eta = hyper.momentum, hyper.learning_rate
   if hyper.nesterov:

@@ -128,6 +128,7 @@ class _Schedule:
       "sim/time": clock.time,
       "sim/worker_steps_min": float(clock.worker_steps.min()),
       "sim/worker_steps_max": float(clock.worker_steps.max()),
+      "sim/worker_steps_mean": float(clock.worker_steps.mean()),
       "comm/exchanges_per_worker": float(clock.requests.mean()),
       "comm/bytes_per_worker": float(clock.bytes_sent.mean()),
     }

@@ -1,8 +1,8 @@
 """Checks of a configuration before anything is compiled or written."""
 
-import ml_collections
-
 import json
+
+import ml_collections
 
 from easgd.algorithms import (
   ELASTIC_RULES,
@@ -62,7 +62,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   algorithm = config.algorithm
   if algorithm in MOMENTUM_RULES:
     _require(
-      0 < config.momentum < 1, "momentum", config.momentum, f"{algorithm} needs a momentum in (0, 1)"
+      0 < config.momentum < 1,
+      "momentum",
+      config.momentum,
+      f"{algorithm} needs a momentum in (0, 1)",
     )
   elif algorithm not in OPTIONAL_MOMENTUM_RULES:
     with_momentum = ", ".join(sorted(MOMENTUM_RULES | OPTIONAL_MOMENTUM_RULES))

@@ -11,7 +11,7 @@ import pytest
 
 import numpy_reference
 from easgd import algorithms, cluster, rules, sharding, steps
-from test_rules import DIM, OUT, loss_fn, numpy_grad
+from least_squares import DIM, OUT, loss_fn, numpy_grad
 
 ETA, ALPHA, MU = 0.05, 0.2, 0.9
 WORKERS, BATCH = 4, 4
@@ -201,7 +201,9 @@ def test_equal_speeds_make_async_easgd_the_round_robin_original():
   assert_same_state(a, b)
 
 
-@pytest.mark.parametrize("locked,hogwild", [("async_easgd", "hogwild_easgd"), ("async_sgd", "hogwild_sgd")])
+@pytest.mark.parametrize(
+  "locked,hogwild", [("async_easgd", "hogwild_easgd"), ("async_sgd", "hogwild_sgd")]
+)
 def test_without_service_time_hogwild_is_the_locked_rule(locked, hogwild):
   # A write lands the moment it is read, before any other request arrives:
   # no two requests overlap, so there is nothing for the lock to serialise.
@@ -224,7 +226,8 @@ def test_fully_overlapping_hogwild_easgd_is_sync_easgd():
 
 
 @pytest.mark.parametrize(
-  "name,sync_name", [("async_sgd", "sync_sgd"), ("async_easgd", "sync_easgd"), ("hogwild_easgd", "sync_easgd")]
+  "name,sync_name",
+  [("async_sgd", "sync_sgd"), ("async_easgd", "sync_easgd"), ("hogwild_easgd", "sync_easgd")],
 )
 def test_one_worker_has_no_asynchrony(name, sync_name):
   timing = dataclasses.replace(UNEQUAL, stragglers=())

@@ -7,20 +7,10 @@ import pytest
 
 import numpy_reference
 from easgd import algorithms, rules, sharding, steps
+from least_squares import DIM, OUT, loss_fn, numpy_grad
 
-DIM, OUT, BATCH, STEPS = 5, 3, 4, 7
+BATCH, STEPS = 4, 7
 ETA, ALPHA, MU = 0.1, 0.9 / 8, 0.9
-
-
-def loss_fn(params, batch):
-  """Least squares of a linear model: 0.5 * mean_n ||x_n W + b - y_n||^2."""
-  residual = batch["x"] @ params["w"] + params["b"] - batch["y"]
-  return 0.5 * jnp.mean(jnp.sum(residual**2, axis=-1)), {"accuracy": jnp.zeros(())}
-
-
-def numpy_grad(params, batch):
-  residual = batch["x"] @ params["w"] + params["b"] - batch["y"]
-  return {"w": batch["x"].T @ residual / len(residual), "b": residual.mean(axis=0)}
 
 
 def make_problem(num_workers, steps_count=STEPS, seed=0):

@@ -1,0 +1,220 @@
+"""All rules on one simulated cluster: accuracy against simulated time and steps.
+
+    python studies/asynchrony.py --workdir runs/asynchrony [--total_steps 600] [--seeds 3]
+
+Trains every rule (the synchronous ones and the parameter-server family) on
+mnist5k with 8 workers under the default config's timing model, one run per
+rule and seed in <workdir>/<rule>/seed_<n> (finished runs are reused, so the
+study resumes), and writes docs/asynchrony_table.md (means over the seeds)
+and docs/asynchrony.png (mean center test accuracy against simulated seconds
+and against mean local steps per worker). The seed changes the initial
+parameters, the data order and the timing model's jitter.
+
+Settings (the same for every rule, so that the rules differ only in how they
+communicate): learning rate 0.05; the momentum rules use mu = 0.9 with
+learning rate 0.005 (the same eta / (1 - mu)); elastic rules tau = 4 and
+alpha = 0.9 / 8; Downpour n_sync = 4 with an SGD master.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
+from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
+
+from configs import default  # noqa: E402
+from easgd import algorithms, checkpoint, trainer  # noqa: E402
+
+RULES = (
+  "sync_sgd",
+  "sync_easgd",
+  "sync_measgd",
+  "original_easgd",
+  "async_easgd",
+  "async_measgd",
+  "hogwild_easgd",
+  "async_sgd",
+  "async_msgd",
+  "hogwild_sgd",
+  "downpour",
+)
+TARGET = 0.95
+LEARNING_RATE, MOMENTUM = 0.05, 0.9
+
+
+def config_for(rule: str, total_steps: int, every: int, seed: int):
+  config = default.get_config()
+  config.algorithm = rule
+  config.seed = seed
+  config.learning_rate = LEARNING_RATE
+  if rule in algorithms.MOMENTUM_RULES:
+    config.momentum = MOMENTUM
+    config.learning_rate = LEARNING_RATE * (1 - MOMENTUM)
+  config.total_steps = total_steps
+  config.log_every = config.eval_every = every
+  config.checkpoint_every = 0
+  return config
+
+
+def curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
+  """Scalars of a finished run, tag -> [(step, value)]."""
+  accumulator = event_accumulator.EventAccumulator(workdir)
+  accumulator.Reload()
+  return {
+    tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
+    for tag in accumulator.Tags()["scalars"]
+  }
+
+
+def mean_curves(runs: list[dict]) -> dict[str, list[tuple[int, float]]]:
+  """Per tag, the mean over seeds at each step that every seed logged."""
+  result = {}
+  for tag in set.intersection(*(set(run) for run in runs)):
+    by_step = [dict(run[tag]) for run in runs]
+    common = sorted(set.intersection(*(set(values) for values in by_step)))
+    result[tag] = [(step, sum(v[step] for v in by_step) / len(runs)) for step in common]
+  return result
+
+
+def first_reaching(scalars: dict):
+  """(sim seconds, mean worker steps) at the first evaluation >= TARGET, or None."""
+  accuracy = dict(scalars["eval/center_accuracy"])
+  reached = [step for step in sorted(accuracy) if accuracy[step] >= TARGET]
+  if not reached:
+    return None
+  return dict(scalars["sim/time"])[reached[0]], dict(scalars["sim/worker_steps_mean"])[reached[0]]
+
+
+def summarize(rule: str, runs: list[dict], common_time: float) -> dict:
+  """Means over seeds; times to the target over the seeds that reached it."""
+  scalars = mean_curves(runs)
+  accuracy = dict(scalars["eval/center_accuracy"])
+  time = dict(scalars["sim/time"])
+  reached = [r for r in (first_reaching(run) for run in runs) if r is not None]
+  at_common = [accuracy[s] for s in sorted(accuracy) if time[s] <= common_time]
+  last = max(accuracy)
+  staleness = dict(scalars.get("async/staleness_mean", []))
+  return {
+    "rule": rule,
+    "reached": len(reached),
+    "seeds": len(runs),
+    "time_to_target": sum(t for t, _ in reached) / len(reached) if reached else None,
+    "steps_to_target": sum(s for _, s in reached) / len(reached) if reached else None,
+    "accuracy_at_common_time": at_common[-1] if at_common else None,
+    "final_accuracy": accuracy[last],
+    "final_time": time[last],
+    "final_steps": dict(scalars["sim/worker_steps_mean"])[last],
+    "megabytes_per_worker": dict(scalars["comm/bytes_per_worker"])[last] / 1e6,
+    "staleness": sum(staleness.values()) / len(staleness) if staleness else None,
+  }
+
+
+def _reached(row, value, digits):
+  if value is None:
+    return f"not reached (0/{row['seeds']})"
+  note = "" if row["reached"] == row["seeds"] else f" ({row['reached']}/{row['seeds']} seeds)"
+  return f"{value:.{digits}f}{note}"
+
+
+def write_table(rows, path, command, common_time, total_steps):
+  lines = [
+    "# All rules on one simulated cluster",
+    "",
+    f"Made by `{command}`: LeNet-5 on mnist5k, 8 workers x batch 32, {total_steps} steps "
+    "(ticks) each, the default config's timing model (configs/default.py: 10 ms steps, "
+    "the slowest worker 1.5x slower, 10% jitter, 1 Gbit/s, a 1 ms master). Settings in "
+    "studies/asynchrony.py. Every number is a mean over the seeds. Simulated seconds and "
+    "mean local steps per worker are those at each seed's first evaluation (every 25 "
+    f"steps) with center accuracy >= {TARGET}, averaged over the seeds that reached it.",
+    "",
+    f"| rule | sim s to {TARGET} | worker steps to {TARGET} | acc. at {common_time:.2f} sim s "
+    "| final acc. | final sim s | final worker steps | MB sent per worker | mean staleness |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for row in rows:
+    staleness = "" if row["staleness"] is None else f"{row['staleness']:.2f}"
+    lines.append(
+      f"| {row['rule']} | {_reached(row, row['time_to_target'], 2)} "
+      f"| {_reached(row, row['steps_to_target'], 0)} "
+      f"| {row['accuracy_at_common_time']:.3f} | {row['final_accuracy']:.3f} "
+      f"| {row['final_time']:.2f} | {row['final_steps']:.0f} "
+      f"| {row['megabytes_per_worker']:.1f} | {staleness} |"
+    )
+  with open(path, "w") as table:
+    table.write("\n".join(lines) + "\n")
+
+
+def plot(all_scalars, path):
+  figure, (by_time, by_steps) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+  for rule, scalars in all_scalars.items():
+    accuracy = dict(scalars["eval/center_accuracy"])
+    steps = sorted(accuracy)
+    time = dict(scalars["sim/time"])
+    worker_steps = dict(scalars["sim/worker_steps_mean"])
+    style = "-" if rule.startswith("sync") else "--" if "hogwild" in rule else "-."
+    values = [accuracy[s] for s in steps]
+    by_time.plot([time[s] for s in steps], values, style, label=rule)
+    by_steps.plot([worker_steps[s] for s in steps], values, style, label=rule)
+  by_time.set_xlabel("simulated seconds")
+  by_steps.set_xlabel("mean local steps per worker")
+  by_time.set_ylabel("center test accuracy")
+  for axes in (by_time, by_steps):
+    axes.set_ylim(0.8, 1.0)
+    axes.axhline(TARGET, color="grey", linewidth=0.5)
+    axes.grid(alpha=0.3)
+  by_steps.legend(fontsize=8, loc="lower right")
+  figure.suptitle("LeNet-5 on mnist5k, 8 workers, default timing model (mean over seeds)")
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--total_steps", type=int, default=600)
+  parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--docs", default=os.path.join(os.path.dirname(__file__), "..", "docs"))
+  args = parser.parse_args()
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  logging.getLogger("absl").setLevel(logging.WARNING)
+
+  all_runs = {}
+  for rule in RULES:
+    all_runs[rule] = []
+    for seed in range(args.seeds):
+      workdir = os.path.join(args.workdir, rule, f"seed_{seed}")
+      saved = checkpoint.saved_config(workdir)
+      if saved is None or saved.get("total_steps") != args.total_steps:
+        print(f"training {rule}, seed {seed} ...", flush=True)
+        trainer.train_and_evaluate(config_for(rule, args.total_steps, 25, seed), workdir)
+      all_runs[rule].append(curves(workdir))
+  all_scalars = {rule: mean_curves(runs) for rule, runs in all_runs.items()}
+  common_time = min(max(v for _, v in s["sim/time"]) for s in all_scalars.values())
+  rows = [summarize(rule, runs, common_time) for rule, runs in all_runs.items()]
+  os.makedirs(args.docs, exist_ok=True)
+  command = (
+    f"python studies/asynchrony.py --workdir {args.workdir} "
+    f"--total_steps {args.total_steps} --seeds {args.seeds}"
+  )
+  table = os.path.join(args.docs, "asynchrony_table.md")
+  write_table(rows, table, command, common_time, args.total_steps)
+  plot(all_scalars, os.path.join(args.docs, "asynchrony.png"))
+  with open(table) as written:
+    print(written.read())
+
+
+if __name__ == "__main__":
+  main()
