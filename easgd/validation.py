@@ -159,12 +159,12 @@ def validate_partition(config: ml_collections.ConfigDict, train_examples: int) -
   )
 
 
-def _flat(values: dict, prefix: str = "") -> dict:
+def flatten(values: dict, prefix: str = "") -> dict:
   """{"cluster": {"latency": 1}} -> {"cluster.latency": 1}, through JSON (tuples become lists)."""
   flat = {}
   for key, value in json.loads(json.dumps(values)).items():
     if isinstance(value, dict):
-      flat.update(_flat(value, f"{prefix}{key}."))
+      flat.update(flatten(value, f"{prefix}{key}."))
     else:
       flat[prefix + key] = value
   return flat
@@ -172,7 +172,7 @@ def _flat(values: dict, prefix: str = "") -> dict:
 
 def check_resumable(saved: dict, config: ml_collections.ConfigDict, workdir: str) -> None:
   """A workdir's checkpoint may only be resumed by the configuration that wrote it."""
-  saved, current = _flat(saved), _flat(config.to_dict())
+  saved, current = flatten(saved), flatten(config.to_dict())
   for field in sorted(set(saved) | set(current)):
     if field in RESUMABLE_FIELDS:
       continue

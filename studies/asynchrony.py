@@ -1,6 +1,7 @@
 """All rules on one simulated cluster: accuracy against simulated time and steps.
 
     python studies/asynchrony.py --workdir runs/asynchrony [--total_steps 600] [--seeds 3]
+        [--rules sync_easgd,async_easgd,...] [--set cluster.bandwidth=1.25e7 ...] [--name NAME]
 
 Trains every rule (the synchronous ones and the parameter-server family) on
 mnist5k with 8 workers under the default config's timing model, one run per
@@ -8,7 +9,9 @@ rule and seed in <workdir>/<rule>/seed_<n> (finished runs are reused, so the
 study resumes), and writes docs/asynchrony_table.md (means over the seeds)
 and docs/asynchrony.png (mean center test accuracy against simulated seconds
 and against mean local steps per worker). The seed changes the initial
-parameters, the data order and the timing model's jitter.
+parameters, the data order and the timing model's jitter. `--set` overrides
+config fields (e.g. the timing model) for every run; `--name` names the
+outputs (docs/<name>_table.md, docs/<name>.png).
 
 Settings (the same for every rule, so that the rules differ only in how they
 communicate): learning rate 0.05; the momentum rules use mu = 0.9 with
@@ -22,6 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse  # noqa: E402
+import ast  # noqa: E402
 import logging  # noqa: E402
 
 import jax  # noqa: E402
@@ -36,7 +40,8 @@ from absl import logging as absl_logging  # noqa: E402
 from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
 
 from configs import default  # noqa: E402
-from easgd import algorithms, checkpoint, trainer  # noqa: E402
+from easgd import algorithms, checkpoint, trainer, validation  # noqa: E402
+from easgd.errors import ConfigError  # noqa: E402
 
 RULES = (
   "sync_sgd",
@@ -55,7 +60,7 @@ TARGET = 0.95
 LEARNING_RATE, MOMENTUM = 0.05, 0.9
 
 
-def config_for(rule: str, total_steps: int, every: int, seed: int):
+def config_for(rule: str, total_steps: int, every: int, seed: int, overrides: dict):
   config = default.get_config()
   config.algorithm = rule
   config.seed = seed
@@ -66,7 +71,29 @@ def config_for(rule: str, total_steps: int, every: int, seed: int):
   config.total_steps = total_steps
   config.log_every = config.eval_every = every
   config.checkpoint_every = 0
+  # Last, so that an override wins over the study's own settings.
+  config.update_from_flattened_dict(overrides)
   return config
+
+
+def parse_overrides(assignments: list[str]) -> dict:
+  """["cluster.bandwidth=1.25e7"] -> {"cluster.bandwidth": 12500000.0}; raises ConfigError."""
+  known = validation.flatten(default.get_config().to_dict())
+  overrides = {}
+  for assignment in assignments:
+    field, equals, value = assignment.partition("=")
+    if not equals or field not in known:
+      raise ConfigError(
+        f"--set {assignment!r}: expected FIELD=VALUE with FIELD a config field "
+        "(e.g. cluster.bandwidth=1.25e7, comm_period=8)"
+      )
+    try:
+      overrides[field] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      raise ConfigError(
+        f"--set {assignment!r}: {value!r} is not a Python literal (a number, string or tuple)"
+      ) from None
+  return overrides
 
 
 def curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
@@ -129,13 +156,16 @@ def _reached(row, value, digits):
   return f"{value:.{digits}f}{note}"
 
 
-def write_table(rows, path, command, common_time, total_steps):
+def write_table(rows, path, command, common_time, total_steps, overrides):
+  changed = ", ".join(f"{key}={value}" for key, value in overrides.items())
   lines = [
-    "# All rules on one simulated cluster",
+    "# The rules on one simulated cluster",
     "",
     f"Made by `{command}`: LeNet-5 on mnist5k, 8 workers x batch 32, {total_steps} steps "
     "(ticks) each, the default config's timing model (configs/default.py: 10 ms steps, "
-    "the slowest worker 1.5x slower, 10% jitter, 1 Gbit/s, a 1 ms master). Settings in "
+    "the slowest worker 1.5x slower, 10% jitter, 1 Gbit/s, a 1 ms master)"
+    + (f" with {changed}" if changed else "")
+    + ". Settings in "
     "studies/asynchrony.py. Every number is a mean over the seeds. Simulated seconds and "
     "mean local steps per worker are those at each seed's first evaluation (every 25 "
     f"steps) with center accuracy >= {TARGET}, averaged over the seeds that reached it.",
@@ -157,17 +187,19 @@ def write_table(rows, path, command, common_time, total_steps):
     table.write("\n".join(lines) + "\n")
 
 
-def plot(all_scalars, path):
+def plot(all_scalars, path, title):
   figure, (by_time, by_steps) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
-  for rule, scalars in all_scalars.items():
+  colors = plt.get_cmap("tab20").colors
+  for n, (rule, scalars) in enumerate(all_scalars.items()):
     accuracy = dict(scalars["eval/center_accuracy"])
     steps = sorted(accuracy)
     time = dict(scalars["sim/time"])
     worker_steps = dict(scalars["sim/worker_steps_mean"])
     style = "-" if rule.startswith("sync") else "--" if "hogwild" in rule else "-."
     values = [accuracy[s] for s in steps]
-    by_time.plot([time[s] for s in steps], values, style, label=rule)
-    by_steps.plot([worker_steps[s] for s in steps], values, style, label=rule)
+    color = colors[(2 * n) % 20 + (2 * n) // 20]
+    by_time.plot([time[s] for s in steps], values, style, color=color, label=rule)
+    by_steps.plot([worker_steps[s] for s in steps], values, style, color=color, label=rule)
   by_time.set_xlabel("simulated seconds")
   by_steps.set_xlabel("mean local steps per worker")
   by_time.set_ylabel("center test accuracy")
@@ -176,7 +208,7 @@ def plot(all_scalars, path):
     axes.axhline(TARGET, color="grey", linewidth=0.5)
     axes.grid(alpha=0.3)
   by_steps.legend(fontsize=8, loc="lower right")
-  figure.suptitle("LeNet-5 on mnist5k, 8 workers, default timing model (mean over seeds)")
+  figure.suptitle(title)
   figure.tight_layout()
   figure.savefig(path, dpi=110)
 
@@ -186,32 +218,53 @@ def main():
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--total_steps", type=int, default=600)
   parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--rules", default=",".join(RULES), help="comma-separated rules")
+  parser.add_argument(
+    "--set", action="append", default=[], metavar="FIELD=VALUE", help="a config override"
+  )
+  parser.add_argument("--name", default="asynchrony")
   parser.add_argument("--docs", default=os.path.join(os.path.dirname(__file__), "..", "docs"))
   args = parser.parse_args()
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger("absl").setLevel(logging.WARNING)
 
-  all_runs = {}
-  for rule in RULES:
-    all_runs[rule] = []
-    for seed in range(args.seeds):
-      workdir = os.path.join(args.workdir, rule, f"seed_{seed}")
-      saved = checkpoint.saved_config(workdir)
-      if saved is None or saved.get("total_steps") != args.total_steps:
-        print(f"training {rule}, seed {seed} ...", flush=True)
-        trainer.train_and_evaluate(config_for(rule, args.total_steps, 25, seed), workdir)
-      all_runs[rule].append(curves(workdir))
+  rules = args.rules.split(",")
+  try:
+    unknown = [rule for rule in rules if rule not in algorithms.RULES]
+    if unknown:
+      raise ConfigError(
+        f"--rules: unknown rule(s) {', '.join(unknown)}; allowed: {', '.join(algorithms.RULES)}"
+      )
+    overrides = parse_overrides(args.set)
+    runs = {}
+    for rule in rules:
+      for seed in range(args.seeds):
+        config = config_for(rule, args.total_steps, 25, seed, overrides)
+        validation.validate(config)
+        workdir = os.path.join(args.workdir, rule, f"seed_{seed}")
+        saved = checkpoint.saved_config(workdir)
+        if saved is not None:
+          validation.check_resumable(saved, config, workdir)
+        runs[rule, seed] = config, workdir, saved
+  except (ValueError, TypeError) as error:
+    sys.exit(f"error: {error}")
+
+  all_runs = {rule: [] for rule in rules}
+  for (rule, seed), (config, workdir, saved) in runs.items():
+    if saved is None or saved.get("total_steps") != args.total_steps:
+      print(f"training {rule}, seed {seed} ...", flush=True)
+      trainer.train_and_evaluate(config, workdir)
+    all_runs[rule].append(curves(workdir))
   all_scalars = {rule: mean_curves(runs) for rule, runs in all_runs.items()}
   common_time = min(max(v for _, v in s["sim/time"]) for s in all_scalars.values())
   rows = [summarize(rule, runs, common_time) for rule, runs in all_runs.items()]
   os.makedirs(args.docs, exist_ok=True)
-  command = (
-    f"python studies/asynchrony.py --workdir {args.workdir} "
-    f"--total_steps {args.total_steps} --seeds {args.seeds}"
-  )
-  table = os.path.join(args.docs, "asynchrony_table.md")
-  write_table(rows, table, command, common_time, args.total_steps)
-  plot(all_scalars, os.path.join(args.docs, "asynchrony.png"))
+  command = " ".join(["python studies/asynchrony.py", *sys.argv[1:]])
+  table = os.path.join(args.docs, f"{args.name}_table.md")
+  write_table(rows, table, command, common_time, args.total_steps, overrides)
+  changed = ", ".join(f"{key}={value}" for key, value in overrides.items()) or "default"
+  title = f"LeNet-5 on mnist5k, 8 workers, timing model: {changed} (mean of {args.seeds} seeds)"
+  plot(all_scalars, os.path.join(args.docs, f"{args.name}.png"), title)
   with open(table) as written:
     print(written.read())
 
