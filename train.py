@@ -10,7 +10,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from easgd import sharding, trainer, validation
+from easgd import pipeline_trainer, sharding, trainer, validation
 from easgd.errors import ConfigError, TrainingDiverged
 
 
@@ -45,8 +45,11 @@ def main(argv):
     validation.validate(config)
     # Virtual CPU devices must be asked for before JAX starts its backends;
     # they only matter where the platform is the CPU.
-    sharding.configure_cpu_devices(config.devices or min(config.workers, 8))
-    result = trainer.train_and_evaluate(config, _WORKDIR.value)
+    sharding.configure_cpu_devices(config.devices or min(trainer.units(config), 8))
+    if config.algorithm == validation.PIPELINE:
+      result = pipeline_trainer.train_and_evaluate(config, _WORKDIR.value)
+    else:
+      result = trainer.train_and_evaluate(config, _WORKDIR.value)
   except ConfigError as error:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(2)

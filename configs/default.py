@@ -10,7 +10,7 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   # What is trained, how.
   # sync_sgd | sync_easgd | sync_measgd | original_easgd | async_easgd | async_measgd
-  # | hogwild_easgd | async_sgd | async_msgd | hogwild_sgd | downpour
+  # | hogwild_easgd | async_sgd | async_msgd | hogwild_sgd | downpour | pipeline
   config.algorithm = "sync_easgd"
   config.model = "lenet5"
   config.dataset = "mnist5k"  # mnist5k | digits | mnist | fashion_mnist | cifar10
@@ -28,6 +28,18 @@ def get_config() -> ml_collections.ConfigDict:
   config.moving_rate = 0.9 / 8  # alpha; beta = workers * moving_rate must be < 1
   config.n_sync = 4  # downpour: local steps between push and fetch
   config.server_optimizer = "sgd"  # downpour's master: sgd | adagrad
+  # pipeline: M models trained at once, each with SGD on one device at a time,
+  # moved along the ring of devices every stage_steps steps (easgd/pipeline.py).
+  config.models = 4  # M; devices must divide it
+  config.stage_steps = 25  # steps on one partition before the models move
+  config.weight_decay = 0.0  # pipeline only
+  # Per-model values for the pipeline: a tuple of M values, or () for the
+  # value above for every model (seeds: seed + m).
+  config.per_model = ml_collections.ConfigDict()
+  config.per_model.learning_rate = ()
+  config.per_model.momentum = ()
+  config.per_model.weight_decay = ()
+  config.per_model.seed = ()
   # The timing model (easgd/cluster.py): it orders the parameter-server rules'
   # requests and gives every rule a simulated clock (sim/time). Seconds, bytes.
   # This one: CPU workers of 10 ms a step, the slowest 1.5x slower than the

@@ -19,6 +19,15 @@ def directory(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), "checkpoints")
 
 
+def saved_step(workdir: str) -> int | None:
+  """The step of the newest checkpoint in `workdir`, or None; writes nothing."""
+  path = directory(workdir)
+  if not os.path.isdir(path):
+    return None
+  with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False)) as manager:
+    return manager.latest_step()
+
+
 def saved_config(workdir: str) -> dict | None:
   """The configuration of the newest checkpoint in `workdir`, or None; writes nothing."""
   path = directory(workdir)

@@ -12,7 +12,9 @@ from absl import logging
 class MetricWriter:
   """Writes scalars to TensorBoard under `workdir` and logs them."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, label: str = ""):
+    """`label` prefixes the log lines (e.g. the pipeline's model_3)."""
+    self._prefix = f"{label} " if label else ""
     self._writer = None
     if jax.process_index() == 0:
       from tensorboardX import SummaryWriter  # noqa: PLC0415 (process 0 only)
@@ -24,7 +26,10 @@ class MetricWriter:
       for tag, value in values.items():
         self._writer.add_scalar(tag, value, global_step=step)
     logging.info(
-      "step %d: %s", step, ", ".join(f"{tag} {value:.6g}" for tag, value in values.items())
+      "%sstep %d: %s",
+      self._prefix,
+      step,
+      ", ".join(f"{tag} {value:.6g}" for tag, value in values.items()),
     )
 
   def histogram(self, step: int, tag: str, values) -> None:
@@ -34,6 +39,20 @@ class MetricWriter:
   def text(self, tag: str, text: str) -> None:
     if self._writer is not None:
       self._writer.add_text(tag, text, global_step=0)
+
+  def hparams(self, values: dict) -> None:
+    """Lists this run in TensorBoard's HParams dashboard with `values` (str, bool or number).
+
+    Only the session summaries are written, no experiment summary: the
+    dashboard then builds the experiment from all runs' hyper-parameters and
+    takes every scalar tag as a metric.
+    """
+    if self._writer is not None:
+      from tensorboardX.summary import hparams  # noqa: PLC0415 (process 0 only)
+
+      _, session_start, session_end = hparams(values, {})
+      self._writer.file_writer.add_summary(session_start)
+      self._writer.file_writer.add_summary(session_end)
 
   def flush(self) -> None:
     if self._writer is not None:

@@ -13,6 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from easgd.data import partition
 from easgd.errors import ConfigError
 from easgd.rules import AXIS, TrainState
 
@@ -67,3 +68,24 @@ def place(mesh: Mesh, host_array: np.ndarray, spec: P) -> jax.Array:
   """
   sharding = NamedSharding(mesh, spec)
   return jax.make_array_from_callback(host_array.shape, sharding, lambda index: host_array[index])
+
+
+def jit_shard_map(per_device, mesh: Mesh, in_specs, out_specs):
+  """jit(shard_map(per_device)) with explicit shardings, the first argument (the
+  training state) donated so that its buffers are updated in place.
+  """
+  mapped = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+  return jax.jit(
+    mapped,
+    in_shardings=named(mesh, in_specs),
+    out_shardings=named(mesh, out_specs),
+    donate_argnums=0,
+  )
+
+
+def place_partitions(mesh: Mesh, images: np.ndarray, labels: np.ndarray, parts: int, seed: int):
+  """The training set split into `parts` partitions (data.partition), placed once:
+  partition i on the device that owns row i of the `workers` axis.
+  """
+  split_images, split_labels = partition(images, labels, parts, seed)
+  return place(mesh, split_images, P(AXIS)), place(mesh, split_labels, P(AXIS))

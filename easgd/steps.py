@@ -89,14 +89,7 @@ def _compile(per_device, mesh: Mesh, state: TrainState, num_worker_args: int):
   """
   specs = sharding.state_specs(state)
   in_specs = (specs,) + (P(AXIS),) * num_worker_args + (P(),)
-  out_specs = (specs, P())
-  mapped = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-  return jax.jit(
-    mapped,
-    in_shardings=sharding.named(mesh, in_specs),
-    out_shardings=sharding.named(mesh, out_specs),
-    donate_argnums=0,
-  )
+  return sharding.jit_shard_map(per_device, mesh, in_specs, (specs, P()))
 
 
 def build_rule_step(rule: Rule, loss_fn: LossFn, mesh: Mesh, state: TrainState):

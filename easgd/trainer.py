@@ -17,14 +17,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
-from jax.sharding import PartitionSpec as P
 
 import models
 from easgd import checkpoint, cluster, evaluation, metrics, sharding, steps, validation
 from easgd.algorithms import make_rule
-from easgd.data import load_dataset, partition
+from easgd.data import load_dataset
 from easgd.errors import TrainingDiverged
-from easgd.rules import AXIS, Hyper, TrainState
+from easgd.rules import Hyper, TrainState
 
 # Programs queued without waiting for a result. More than about 32 queued
 # programs with collectives deadlock XLA's CPU runtime on several devices.
@@ -37,12 +36,17 @@ class TrainResult:
   metrics: dict[str, float]
 
 
+def units(config: ml_collections.ConfigDict) -> int:
+  """What is spread over the devices: the pipeline's models, or the rules' workers."""
+  return config.models if config.algorithm == validation.PIPELINE else config.workers
+
+
 def resolve_devices(config: ml_collections.ConfigDict, available: int) -> int:
-  """config.devices, or for 0 the largest divisor of workers <= min(workers, 8, available)."""
+  """config.devices, or for 0 the largest divisor of the units <= min(units, 8, available)."""
   if config.devices:
     return config.devices
-  limit = min(config.workers, 8, available)
-  return max(d for d in range(1, limit + 1) if config.workers % d == 0)
+  limit = min(units(config), 8, available)
+  return max(d for d in range(1, limit + 1) if units(config) % d == 0)
 
 
 def hyper_from(config: ml_collections.ConfigDict) -> Hyper:
@@ -58,14 +62,14 @@ def hyper_from(config: ml_collections.ConfigDict) -> Hyper:
   )
 
 
-def check_inputs(config: ml_collections.ConfigDict, workdir: str):
+def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int):
   """Every check of the user's input; raises ConfigError. Writes nothing.
 
-  Returns the loaded dataset.
+  `parts` is the number of training-set partitions. Returns the loaded dataset.
   """
   validation.validate(config)
   dataset = load_dataset(config.dataset, config.data_dir)
-  validation.validate_partition(config, len(dataset.train_labels))
+  validation.validate_partition(config, len(dataset.train_labels), parts)
   saved = checkpoint.saved_config(workdir)
   if saved is not None:
     validation.check_resumable(saved, config, workdir)
@@ -143,13 +147,29 @@ class _Schedule:
     return staleness
 
 
-def _due(step: int, every: int, total: int) -> bool:
+# Config fields that say how a run reports or where it runs, not what it trains.
+_NOT_HPARAMS = frozenset(
+  {"log_every", "eval_every", "checkpoint_every", "devices", "data_dir"}
+  | {"models", "stage_steps", "weight_decay"}  # the pipeline's
+)
+
+
+def hparams_of(config: ml_collections.ConfigDict) -> dict:
+  """The config's fields for TensorBoard's HParams dashboard (tuples as strings)."""
+  return {
+    field: value if isinstance(value, (str, bool, int, float)) else str(tuple(value))
+    for field, value in validation.flatten(config.to_dict()).items()
+    if field not in _NOT_HPARAMS and not field.startswith("per_model.")
+  }
+
+
+def due(step: int, every: int, total: int) -> bool:
   return step == total or (every > 0 and step % every == 0)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainResult:
   """Trains `config` in `workdir`, resuming from its newest checkpoint."""
-  dataset = check_inputs(config, workdir)
+  dataset = check_inputs(config, workdir, config.workers)
   num_workers = config.workers
   mesh = sharding.make_mesh(resolve_devices(config, len(jax.devices())))
   logging.info(
@@ -188,11 +208,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
     writer.text("config", "```\n" + json.dumps(config.to_dict(), indent=2) + "\n```")
 
   # Data: placed once, each worker's partition on its device.
-  train_images, train_labels = partition(
-    dataset.train_images, dataset.train_labels, num_workers, config.seed
+  train_images, train_labels = sharding.place_partitions(
+    mesh, dataset.train_images, dataset.train_labels, num_workers, config.seed
   )
-  train_images = sharding.place(mesh, train_images, P(AXIS))
-  train_labels = sharding.place(mesh, train_labels, P(AXIS))
 
   train_step = (
     steps.build_train_step(rule, loss_fn, mesh, state, config.batch_size)
@@ -226,9 +244,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       schedule.add(tick)
       step += 1
       progress.push(step, step_metrics)
-      log_now = _due(step, config.log_every, config.total_steps)
-      eval_now = _due(step, config.eval_every, config.total_steps)
-      save_now = _due(step, config.checkpoint_every, config.total_steps)
+      log_now = due(step, config.log_every, config.total_steps)
+      eval_now = due(step, config.eval_every, config.total_steps)
+      save_now = due(step, config.checkpoint_every, config.total_steps)
       if not (log_now or eval_now or save_now):
         continue
       progress.drain()
@@ -253,6 +271,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       # Resumed at or past total_steps: report the state as it is.
       final.update(evaluate(state))
       writer.scalars(step, final)
+    writer.hparams(hparams_of(config))
   except TrainingDiverged as error:
     last = checkpointer.latest_step()
     kept = f"the checkpoint of step {last} is kept" if last is not None else "no checkpoint"

@@ -34,23 +34,16 @@ def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
+PIPELINE = "pipeline"
+ALGORITHMS = (*RULES, PIPELINE)
+PER_MODEL_FIELDS = ("learning_rate", "momentum", "weight_decay", "seed")
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the first field that is out of range."""
-  for field, registry in (("algorithm", RULES), ("model", MODELS), ("dataset", DATASETS)):
+  for field, registry in (("algorithm", ALGORITHMS), ("model", MODELS), ("dataset", DATASETS)):
     value = config[field]
     _require(value in registry, field, value, f"valid: {', '.join(sorted(registry))}")
-  workers = config.workers
-  _require(_is_int(workers) and workers >= 1, "workers", workers, "must be an integer >= 1")
-  devices = config.devices
-  _require(
-    _is_int(devices) and devices >= 0, "devices", devices, "must be >= 1, or 0 for min(workers, 8)"
-  )
-  _require(
-    devices == 0 or workers % devices == 0,
-    "devices",
-    devices,
-    f"must divide config.workers={workers} (each device holds workers/devices workers)",
-  )
   _require(
     _is_int(config.batch_size) and config.batch_size >= 1,
     "batch_size",
@@ -59,6 +52,76 @@ def validate(config: ml_collections.ConfigDict) -> None:
   )
   _require(config.learning_rate > 0, "learning_rate", config.learning_rate, "must be > 0")
   _require(0 <= config.momentum < 1, "momentum", config.momentum, "must be in [0, 1)")
+  for field in ("total_steps",):
+    _require(_is_int(config[field]) and config[field] >= 1, field, config[field], "must be >= 1")
+  for field in ("eval_every", "checkpoint_every", "log_every"):
+    _require(
+      _is_int(config[field]) and config[field] >= 0,
+      field,
+      config[field],
+      "must be an integer >= 0 (0: only at the end)",
+    )
+  _require(_is_int(config.seed), "seed", config.seed, "must be an integer")
+  if config.algorithm == PIPELINE:
+    _validate_pipeline(config)
+  else:
+    _validate_rule(config)
+
+
+def _require_spread(config: ml_collections.ConfigDict, field: str) -> None:
+  """config.<field> (workers or models) is >= 1 and config.devices divides it."""
+  count, devices = config[field], config.devices
+  _require(_is_int(count) and count >= 1, field, count, "must be an integer >= 1")
+  _require(
+    _is_int(devices) and devices >= 0, "devices", devices, f"must be >= 1, or 0 for min({field}, 8)"
+  )
+  _require(
+    devices == 0 or count % devices == 0,
+    "devices",
+    devices,
+    f"must divide config.{field}={count} (each device holds {field}/devices {field})",
+  )
+
+
+def _validate_pipeline(config: ml_collections.ConfigDict) -> None:
+  models = config.models
+  _require_spread(config, "models")
+  stage_steps = config.stage_steps
+  _require(
+    _is_int(stage_steps) and stage_steps >= 1,
+    "stage_steps",
+    stage_steps,
+    "must be an integer >= 1 (steps on one partition before the models move)",
+  )
+  _require(config.weight_decay >= 0, "weight_decay", config.weight_decay, "must be >= 0")
+  for field in PER_MODEL_FIELDS:
+    values = config.per_model[field]
+    _require(
+      isinstance(values, (tuple, list)) and len(values) in (0, models),
+      f"per_model.{field}",
+      values,
+      f"must be () or a tuple of config.models={models} values",
+    )
+  checks = {
+    "learning_rate": (lambda v: v > 0, "every value must be > 0"),
+    "momentum": (lambda v: 0 <= v < 1, "every value must be in [0, 1)"),
+    "weight_decay": (lambda v: v >= 0, "every value must be >= 0"),
+    "seed": (_is_int, "every value must be an integer"),
+  }
+  for field, (ok, allowed) in checks.items():
+    values = config.per_model[field]
+    _require(
+      all(not isinstance(v, bool) and isinstance(v, (int, float)) and ok(v) for v in values),
+      f"per_model.{field}",
+      values,
+      allowed,
+    )
+
+
+def _validate_rule(config: ml_collections.ConfigDict) -> None:
+  """The fields of the rules with workers and a center."""
+  workers = config.workers
+  _require_spread(config, "workers")
   algorithm = config.algorithm
   if algorithm in MOMENTUM_RULES:
     _require(
@@ -105,16 +168,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
       f"beta = workers*moving_rate = {workers * alpha:g} must be < 1, "
       f"i.e. moving_rate < {1 / workers:g}",
     )
-  for field in ("total_steps",):
-    _require(_is_int(config[field]) and config[field] >= 1, field, config[field], "must be >= 1")
-  for field in ("eval_every", "checkpoint_every", "log_every"):
+  _require(
+    config.weight_decay == 0,
+    "weight_decay",
+    config.weight_decay,
+    "only the pipeline takes weight decay (0 for the other rules)",
+  )
+  for field in PER_MODEL_FIELDS:
+    values = config.per_model[field]
     _require(
-      _is_int(config[field]) and config[field] >= 0,
-      field,
-      config[field],
-      "must be an integer >= 0 (0: only at the end)",
+      not values, f"per_model.{field}", values, "only the pipeline has per-model values (())"
     )
-  _require(_is_int(config.seed), "seed", config.seed, "must be an integer")
 
 
 def validate_cluster(cluster: ml_collections.ConfigDict, workers: int) -> None:
@@ -147,15 +211,16 @@ def validate_cluster(cluster: ml_collections.ConfigDict, workers: int) -> None:
   )
 
 
-def validate_partition(config: ml_collections.ConfigDict, train_examples: int) -> None:
-  """The batch must fit in each worker's share of the training set."""
-  per_worker = train_examples // config.workers
+def validate_partition(config: ml_collections.ConfigDict, train_examples: int, parts: int) -> None:
+  """The batch must fit in each partition of the training set (a worker's or a device's)."""
+  per_part = train_examples // parts
+  owner = "device" if config.algorithm == PIPELINE else "worker"
   _require(
-    config.batch_size <= per_worker,
+    config.batch_size <= per_part,
     "batch_size",
     config.batch_size,
-    f"must be <= {per_worker}, the examples in each worker's partition "
-    f"({train_examples} {config.dataset} training examples over {config.workers} workers)",
+    f"must be <= {per_part}, the examples in each {owner}'s partition "
+    f"({train_examples} {config.dataset} training examples over {parts} {owner}s)",
   )
 
 

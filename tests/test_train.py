@@ -111,6 +111,8 @@ def test_divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_p
 def _leaves(tree):
   if isinstance(tree, dict):
     return [leaf for value in tree.values() for leaf in _leaves(value)]
+  if isinstance(tree, (list, tuple)):
+    return [leaf for value in tree for leaf in _leaves(value)]
   return [np.asarray(tree)]
 
 
@@ -129,14 +131,20 @@ RESUME_RUN = (
 )
 
 
-@pytest.fixture(scope="module", params=["sync_easgd", "hogwild_easgd"])
+@pytest.fixture(
+  scope="module",
+  params=[("sync_easgd",), ("hogwild_easgd",), ("pipeline", "--config.stage_steps=20")],
+  ids=lambda param: param[0],
+)
 def resumed_runs(request, tmp_path_factory):
   """An uninterrupted run, and one killed with SIGKILL after a checkpoint and resumed.
 
   hogwild_easgd resumes the timing model's simulation too (its event queue,
-  its half-filled ticks and its requests in flight).
+  its half-filled ticks and its requests in flight); the pipeline resumes
+  its models in the slots where they were.
   """
-  run = (*RESUME_RUN, f"--config.algorithm={request.param}")
+  algorithm, *extra = request.param
+  run = (*RESUME_RUN, f"--config.algorithm={algorithm}", *extra)
   straight = tmp_path_factory.mktemp("straight")
   assert _train_cli(straight, *run).returncode == 0
   resumed = tmp_path_factory.mktemp("resumed")
@@ -155,13 +163,15 @@ def resumed_runs(request, tmp_path_factory):
 
 
 def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs):
-  straight, resumed, _ = resumed_runs
+  straight, resumed, run = resumed_runs
   a = ocp.PyTreeCheckpointer().restore(straight / "checkpoints" / "160" / "state")
   b = ocp.PyTreeCheckpointer().restore(resumed / "checkpoints" / "160" / "state")
   leaves_a, leaves_b = _leaves(a), _leaves(b)
   assert len(leaves_a) == len(leaves_b) > 10
   for x, y in zip(leaves_a, leaves_b, strict=True):
     assert x.dtype == y.dtype and np.array_equal(x, y)
+  if "--config.algorithm=pipeline" in run:
+    return
   # The simulated clock went on where it stopped.
   clock_a = json.loads((straight / "checkpoints" / "160" / "clock" / "metadata").read_text())
   clock_b = json.loads((resumed / "checkpoints" / "160" / "clock" / "metadata").read_text())
@@ -183,6 +193,19 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
     (["--config.model=resnet"], "config.model='resnet' is invalid: valid: lenet5"),
     (["--config.foo=1"], "unknown config field 'foo' in --config.foo=1"),
     (["--config.workers=abc"], "flag --config.workers=abc: invalid literal"),
+    (
+      ["--config.algorithm=pipeline", "--config.models=6", "--config.devices=4"],
+      "config.devices=4 is invalid: must divide config.models=6",
+    ),
+    (
+      ["--config.algorithm=pipeline", "--config.stage_steps=0"],
+      "config.stage_steps=0 is invalid: must be an integer >= 1",
+    ),
+    (
+      ["--config.algorithm=pipeline", "--config.per_model.learning_rate=(0.1,0.2)"],
+      "config.per_model.learning_rate=(0.1, 0.2) is invalid: must be () or a tuple of",
+    ),
+    (["--config.weight_decay=0.1"], "only the pipeline takes weight decay"),
   ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides, message):

@@ -74,7 +74,7 @@ def test_default_config_is_valid():
 
 def test_batch_must_fit_a_workers_partition():
   with pytest.raises(ConfigError, match=r"config.batch_size=600 .*<= 500"):
-    validation.validate_partition(config_with(batch_size=600), train_examples=4000)
+    validation.validate_partition(config_with(batch_size=600), train_examples=4000, parts=8)
 
 
 def test_resuming_with_another_configuration_is_refused():

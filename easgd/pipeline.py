@@ -1,0 +1,184 @@
+"""Pipelined multi-model training (Chen et al., IEEE ISM 2015): models move, data stays.
+
+M models train at once on D devices (D divides M, k = M/D models a device).
+The training set is split into D partitions, placed once, one a device.
+Stage s (s = 0, 1, ...) is stage_steps SGD steps of every model on the
+partition of the device that holds it (`local_step`, no communication);
+then every model's state (parameters, optimizer state and the
+hyper-parameters inside it) moves one device along the ring d -> d + 1
+(`move`, one `lax.ppermute`). Model m starts on device m // k, so at
+stage s it trains on partition
+
+    d(m, s) = (m // k + s) mod D,
+
+and after D stages it has seen every partition once. With k = 1 this is
+ALGORITHMS.md's "device d trains model (d - s) mod M".
+
+Each model m has its own hyper-parameters, held as arrays in its optimizer
+state (optax.inject_hyperparams), so M models of one run are a sweep:
+
+    g  = grad of the mean loss of a batch of b examples at x_m
+    g' = g + lambda_m * x_m                     (weight decay)
+    v  <- mu_m * v + g'                         (optax.sgd's trace; v = 0 at start)
+    x_m <- x_m - eta_m * v                      (Nesterov: x_m - eta_m * (g' + mu_m * v))
+
+Model m's initial parameters come from its seed; its batches are drawn from
+(seed, stage, partition, step within the stage), a permutation of the
+partition per stage, like the workers' batches of the other rules.
+"""
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from easgd import sharding, steps
+from easgd.rules import AXIS, LossFn
+
+
+@struct.dataclass
+class PipelineState:
+  """The models in their slots: slot j (of M) lives on device j // k.
+
+  Attributes:
+    step: SGD steps each model has taken, int32; stage step // stage_steps.
+    models: parameters, stacked on a leading axis of M slots (sharded).
+    opt: each slot's optimizer state, hyper-parameters included (sharded).
+    model_id: which model is in each slot, int32 [M] (sharded); it moves with
+      the model.
+    data_key: each slot's model's data key, [M] keys (sharded); moves too.
+  """
+
+  step: jax.Array
+  models: object
+  opt: object
+  model_id: jax.Array
+  data_key: jax.Array
+
+
+def _sgd(learning_rate, momentum, weight_decay, nesterov: bool):
+  return optax.chain(
+    optax.add_decayed_weights(weight_decay),
+    optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov),
+  )
+
+
+class Pipeline:
+  """The pipeline's pure functions: init, a local step and the move, per device."""
+
+  def __init__(self, num_models: int, num_devices: int, stage_steps: int, nesterov: bool = False):
+    self.num_models = num_models
+    self.num_devices = num_devices
+    self.stage_steps = stage_steps
+    self.nesterov = nesterov
+    # Hyper-parameters as optimizer state: update() reads each model's own
+    # values from its state, so the values given here are placeholders.
+    self.make_optimizer = optax.inject_hyperparams(_sgd, static_args=("nesterov",))
+    self.optimizer = self.make_optimizer(0.0, 0.0, 0.0, nesterov=nesterov)
+
+  def init(self, init_params, seeds, learning_rate, momentum, weight_decay) -> PipelineState:
+    """The state at step 0.
+
+    Args:
+      init_params: key -> one model's parameters.
+      seeds, learning_rate, momentum, weight_decay: [M] arrays, model m's values.
+    """
+    keys = jax.vmap(jax.random.PRNGKey)(seeds)
+    init_keys, data_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
+    models = jax.vmap(init_params)(init_keys)
+
+    def init_opt(params, eta, mu, wd):
+      return self.make_optimizer(eta, mu, wd, nesterov=self.nesterov).init(params)
+
+    opt = jax.vmap(init_opt)(models, learning_rate, momentum, weight_decay)
+    return PipelineState(
+      step=jnp.zeros((), jnp.int32),
+      models=models,
+      opt=opt,
+      model_id=jnp.arange(self.num_models, dtype=jnp.int32),
+      data_key=data_keys,
+    )
+
+  def local_step(self, state: PipelineState, images, labels, loss_fn: LossFn, batch_size: int):
+    """One SGD step of every model on its device's partition, per device inside shard_map.
+
+    images [1, n, ...] and labels [1, n] are this device's partition; the
+    state holds this device's k slots. Nothing crosses devices. Returns the
+    new state and each local slot's loss and accuracy [k].
+    """
+    device = lax.axis_index(AXIS)
+    stage, position = state.step // self.stage_steps, state.step % self.stage_steps
+    images, labels = images[0], labels[0]
+
+    def one_model(params, opt_state, data_key):
+      rng = jax.random.fold_in(data_key, stage)
+      indices = steps.batch_indices(rng, position, device, labels.shape[0], batch_size)
+      batch = {"image": images[indices], "label": labels[indices]}
+      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+      updates, opt_state = self.optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, loss, aux["accuracy"]
+
+    models, opt, loss, accuracy = jax.vmap(one_model)(state.models, state.opt, state.data_key)
+    new_state = state.replace(step=state.step + 1, models=models, opt=opt)
+    return new_state, {"loss": loss, "accuracy": accuracy}
+
+  def move(self, state: PipelineState) -> PipelineState:
+    """Every device's models (with their optimizer state, ids and data keys) to the
+    next device on the ring, per device inside shard_map: the only communication.
+    """
+    if self.num_devices == 1:
+      return state
+    ring = [(d, (d + 1) % self.num_devices) for d in range(self.num_devices)]
+    slots = (state.models, state.opt, state.model_id, state.data_key)
+    models, opt, model_id, data_key = jax.tree.map(
+      lambda leaf: lax.ppermute(leaf, AXIS, ring), slots
+    )
+    return state.replace(models=models, opt=opt, model_id=model_id, data_key=data_key)
+
+
+def state_specs(state: PipelineState) -> PipelineState:
+  """Slot-indexed fields split over the devices; the step replicated."""
+  return PipelineState(
+    step=P(),
+    models=jax.tree.map(lambda _: P(AXIS), state.models),
+    opt=jax.tree.map(lambda _: P(AXIS), state.opt),
+    model_id=P(AXIS),
+    data_key=P(AXIS),
+  )
+
+
+def init_state(pipeline: Pipeline, init_params, hypers: Sequence, mesh: Mesh) -> PipelineState:
+  """pipeline.init compiled to write the state straight into its sharded layout."""
+
+  def init(*arrays):
+    return pipeline.init(init_params, *arrays)
+
+  arrays = [jnp.asarray(a) for a in hypers]
+  abstract = jax.eval_shape(init, *arrays)
+  shardings = sharding.named(mesh, state_specs(abstract))
+  return jax.jit(init, out_shardings=shardings)(*arrays)
+
+
+def build_step(pipeline: Pipeline, loss_fn: LossFn, mesh: Mesh, state, batch_size: int):
+  """(state, images [D, n, ...], labels [D, n]) -> (state, metrics [M]): one local step.
+
+  One program a step, not a loop over the stage: XLA's CPU backend runs
+  convolution steps inside a while loop several times slower.
+  """
+
+  def per_device(state, images, labels):
+    return pipeline.local_step(state, images, labels, loss_fn, batch_size)
+
+  specs = state_specs(state)
+  return sharding.jit_shard_map(per_device, mesh, (specs, P(AXIS), P(AXIS)), (specs, P(AXIS)))
+
+
+def build_move(pipeline: Pipeline, mesh: Mesh, state):
+  """state -> state with every model one device further along the ring."""
+  specs = state_specs(state)
+  return sharding.jit_shard_map(pipeline.move, mesh, (specs,), specs)

@@ -1,0 +1,119 @@
+"""Runs a config file's sweep: python sweep.py --config configs/X.py --workdir runs/X.
+
+Every point of `get_sweep()` (easgd/sweep.py) becomes one train.py run in
+<workdir>/<point> with its own TensorBoard run; --config.FIELD=VALUE
+overrides apply to every point. Finished points are skipped, so a stopped
+sweep is resumed by running the same command. The sweep ends with
+<workdir>/summary.md and summary.csv, best final center accuracy first.
+
+With --pipeline the sweep runs as one pipelined multi-model run instead
+(config.algorithm=pipeline, one model per point, <workdir>/model_<k>): the
+swept fields must be among the pipeline's per-model values.
+"""
+
+import os
+import subprocess
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from easgd import checkpoint, sweep, validation
+from easgd.errors import ConfigError
+
+TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_sweep().")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs and the summary go.")
+_PIPELINE = flags.DEFINE_bool("pipeline", False, "Run the sweep as one pipelined run.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _train(workdir: str, overrides: list[str]) -> int:
+  """Runs train.py with the sweep's config file and `overrides`; returns its exit code."""
+  config_file = config_flags.get_config_filename(flags.FLAGS["config"])
+  command = [sys.executable, TRAIN, f"--config={config_file}"]
+  return subprocess.run([*command, *overrides, f"--workdir={workdir}"], check=False).returncode
+
+
+def _finished(workdir: str, total_steps: int) -> bool:
+  return checkpoint.saved_step(workdir) == total_steps
+
+
+def _status(code: int) -> str:
+  return {0: "done", 1: "diverged"}.get(code, f"failed (exit {code})")
+
+
+def run_points(points, config, user_flags, workdir) -> list[dict]:
+  rows = []
+  for number, point in enumerate(points):
+    run_dir = os.path.join(workdir, sweep.name(point))
+    row = {"run": sweep.name(point), **point}
+    if _finished(run_dir, sweep.apply(config, point).total_steps):
+      print(f"sweep: point {number + 1}/{len(points)} {row['run']} is finished", flush=True)
+      row["status"] = "done"
+    else:
+      print(f"sweep: point {number + 1}/{len(points)} {row['run']}", flush=True)
+      point_flags = [f"--config.{field}={sweep.flag_value(v)}" for field, v in point.items()]
+      row["status"] = _status(_train(run_dir, [*user_flags, *point_flags]))
+    rows.append(row | sweep.final_scalars(run_dir))
+  return rows
+
+
+def pipeline_plan(points, config) -> tuple[list[str], object]:
+  """The flags and the config of the one pipelined run of `points`; raises ConfigError."""
+  fields = list(dict.fromkeys(field for point in points for field in point))
+  outside = [field for field in fields if field not in validation.PER_MODEL_FIELDS]
+  if outside:
+    raise ConfigError(
+      f"--pipeline: the sweep sets {', '.join(outside)}; a pipelined sweep can only vary "
+      f"{', '.join(validation.PER_MODEL_FIELDS)} (one model per point, same model and data)"
+    )
+  if any(set(point) != set(fields) for point in points):
+    raise ConfigError("--pipeline: every sweep point must set the same fields")
+  per_model = {f"per_model.{field}": tuple(point[field] for point in points) for field in fields}
+  pipelined = sweep.apply(config, {"algorithm": "pipeline", "models": len(points)} | per_model)
+  validation.validate(pipelined)
+  pipeline_flags = ["--config.algorithm=pipeline", f"--config.models={len(points)}"] + [
+    f"--config.{field}={values}" for field, values in per_model.items()
+  ]
+  return pipeline_flags, pipelined
+
+
+def run_pipeline(points, plan, user_flags, workdir) -> list[dict]:
+  pipeline_flags, pipelined = plan
+  status = "done"
+  if not _finished(workdir, pipelined.total_steps):
+    status = _status(_train(workdir, [*user_flags, *pipeline_flags]))
+  return [
+    {"run": f"model_{m}", **point, "status": status}
+    | sweep.final_scalars(os.path.join(workdir, f"model_{m}"))
+    for m, point in enumerate(points)
+  ]
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  logging.set_verbosity(logging.WARNING)  # the runs log; the sweep says only where it is
+  config = _CONFIG.value
+  user_flags = [arg for arg in sys.argv[1:] if arg.startswith("--config.")]
+  fixed = {arg.removeprefix("--config.").partition("=")[0] for arg in user_flags}
+  try:
+    points = sweep.load_sweep(config_flags.get_config_filename(flags.FLAGS["config"]))
+    sweep.check_points(points, config, fixed, each_valid=not _PIPELINE.value)
+    plan = pipeline_plan(points, config) if _PIPELINE.value else None
+    os.makedirs(_WORKDIR.value, exist_ok=True)
+    if plan:
+      rows = run_pipeline(points, plan, user_flags, _WORKDIR.value)
+    else:
+      rows = run_points(points, config, user_flags, _WORKDIR.value)
+  except ConfigError as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+  fields = list(dict.fromkeys(field for point in points for field in point))
+  print(sweep.write_summary(rows, fields, _WORKDIR.value))
+
+
+if __name__ == "__main__":
+  app.run(main)
