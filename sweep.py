@@ -18,12 +18,12 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from easgd import checkpoint, sweep, validation
+from easgd import checkpoint, cli, sweep, validation
 from easgd.errors import ConfigError
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file with get_sweep().")
+_CONFIG = cli.define_config(None, "Config file with get_sweep().")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs and the summary go.")
 _PIPELINE = flags.DEFINE_bool("pipeline", False, "Run the sweep as one pipelined run.")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -109,11 +109,10 @@ def main(argv):
     else:
       rows = run_points(points, config, user_flags, _WORKDIR.value)
   except ConfigError as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(str(error))
   fields = list(dict.fromkeys(field for point in points for field in point))
   print(sweep.write_summary(rows, fields, _WORKDIR.value))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -5,28 +5,13 @@ Config fields are overridden with --config.FIELD=VALUE; runs are written to
 """
 
 import logging as std_logging
-import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-from easgd import pipeline_trainer, sharding, trainer, validation
+from easgd import cli, pipeline_trainer, sharding, trainer, validation
 from easgd.errors import ConfigError, TrainingDiverged
 
-
-def _config_field_error(error: Exception) -> None:
-  """One line for an unknown --config.FIELD override (exit 2)."""
-  overrides = " ".join(arg for arg in sys.argv[1:] if arg.startswith("--config."))
-  field = str(error).strip("\"'")
-  print(f"error: unknown config field {field!r} in {overrides}", file=sys.stderr)
-  sys.exit(2)
-
-
-try:
-  # ml_collections applies --config.FIELD overrides already here.
-  _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Config file.")
-except (AttributeError, KeyError) as error:
-  _config_field_error(error)
+_CONFIG = cli.define_config("configs/default.py")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Where events and checkpoints go.")
 
 
@@ -51,27 +36,14 @@ def main(argv):
     else:
       result = trainer.train_and_evaluate(config, _WORKDIR.value)
   except ConfigError as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(str(error))
   except TrainingDiverged as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(1)
+    cli.fail(str(error), code=1)
   logging.info(
     "done: %s",
     ", ".join(f"{tag} {value:.4g}" for tag, value in sorted(result.metrics.items())),
   )
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing, with a bad flag or config field reported in one line (exit 2)."""
-  try:
-    return flags.FLAGS(argv)
-  except (AttributeError, KeyError) as error:
-    _config_field_error(error)
-  except (flags.Error, ValueError, TypeError) as error:
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
-
-
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -53,6 +53,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.cluster.latency = 5e-4  # per message
   config.cluster.bandwidth = 1.25e8  # bytes/second
   config.cluster.master_time = 1e-3  # master service time per request
+  config.cluster.servers = 1  # parameter servers the center is split over
+  config.cluster.server_bandwidth = float("inf")  # each server's link; inf: not modelled
+  config.cluster.allreduce = "ring"  # ring | tree
+  # The device, for the planner (python -m easgd.plan): bytes, and the FLOP/s a
+  # training step sustains (0: steps take compute_time).
+  config.cluster.device_memory = 16e9
+  config.cluster.device_flops = 0.0
   # Schedule.
   config.total_steps = 600
   config.log_every = 50

@@ -9,7 +9,15 @@ the seed alone:
             [* straggler_slowdown if i is in stragglers]
       z_ik ~ N(0, 1), drawn from (seed, i, k) alone (so it needs no RNG state)
   one message, either way:   latency + model_bytes / bandwidth
-  the master, per request:   master_time (under the lock, if the rule has one)
+  the master, per request:   (master_time + 2 * model_bytes / server_bandwidth) / servers
+      (under the lock, if the rule has one): the center is split evenly over
+      `servers` parameter servers that serve a request's shards in parallel,
+      and each server's own link carries the request's shard in and out
+  an all-reduce of the model: ring  2 (P - 1) (latency + model_bytes / (P bandwidth))
+                              tree  2 ceil(log2 P) (latency + model_bytes / bandwidth)
+
+`device_memory` and `device_flops` describe a device for the planner
+(easgd/plan.py); the clocks do not read them.
 
 A clock advances one *tick* at a time: the unit of the device program. In a
 tick every worker takes at most one local step, then the master serves an
@@ -34,6 +42,9 @@ import numpy as np
 EXCHANGE, READ, WRITE = 0, 1, 2
 # Master policies.
 FCFS, ROUND_ROBIN, HOGWILD = "fcfs", "round_robin", "hogwild"
+# All-reduce algorithms.
+RING, TREE = "ring", "tree"
+ALLREDUCES = (RING, TREE)
 # Event kinds, in the order they are handled when they fall on the same time:
 # a write that lands when another request arrives is seen by that request.
 _WRITE, _ARRIVE, _DONE, _START = 0, 1, 2, 3
@@ -51,6 +62,11 @@ class Cluster:
   latency: float = 0.0
   bandwidth: float = math.inf
   master_time: float = 0.0
+  servers: int = 1
+  server_bandwidth: float = math.inf
+  allreduce: str = RING
+  device_memory: float = 0.0
+  device_flops: float = 0.0
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> "Cluster":
@@ -75,10 +91,22 @@ class Cluster:
   def message_time(self, num_bytes: float) -> float:
     return self.latency + num_bytes / self.bandwidth
 
+  def service_time(self, model_bytes: float) -> float:
+    """Time the parameter servers spend on one request (the lock is held that long)."""
+    return (self.master_time + 2 * model_bytes / self.server_bandwidth) / self.servers
+
   def allreduce_time(self, num_bytes: float, num_workers: int) -> float:
-    """A ring all-reduce: 2(P-1) rounds, each moving num_bytes/P between neighbours."""
+    """An all-reduce of num_bytes over P workers.
+
+    ring: 2(P-1) rounds, each moving num_bytes/P between neighbours
+    (bandwidth-optimal, latency grows with P); tree: a reduction up a binary
+    tree and a broadcast down it, 2 ceil(log2 P) rounds of whole messages
+    (latency-optimal).
+    """
     if num_workers == 1:
       return 0.0
+    if self.allreduce == TREE:
+      return 2 * math.ceil(math.log2(num_workers)) * self.message_time(num_bytes)
     return 2 * (num_workers - 1) * self.message_time(num_bytes / num_workers)
 
 
@@ -86,7 +114,8 @@ def allreduce_bytes(model_bytes: int, num_workers: int) -> float:
   """Bytes each worker sends in one bandwidth-optimal (ring) all-reduce of the model.
 
   A ring all-reduce of n bytes over P participants sends 2*(P-1)/P*n bytes
-  from each (reduce-scatter, then all-gather).
+  from each (reduce-scatter, then all-gather). A tree sends the same on
+  average: (P-1) whole messages up and (P-1) down, over P workers.
   """
   return 2 * (num_workers - 1) / num_workers * model_bytes
 
@@ -272,7 +301,7 @@ class AsyncClock(Clock):
     * round_robin: one at a time in worker order 0, 1, ..., P-1, 0, ...
       (worker i's k-th request waits for worker i-1's k-th);
     * hogwild: without a lock: a request reads the master's parameters on
-      arrival and writes its increment master_time later; requests that
+      arrival and writes its increment the service time later; requests that
       overlap read the same snapshot and all their increments are added.
   """
 
@@ -291,6 +320,7 @@ class AsyncClock(Clock):
     self.policy = policy
     self.exchange_first = exchange_first
     self.message = cluster.message_time(model_bytes)
+    self.service = cluster.service_time(model_bytes)
     self._heap: list[tuple[float, int, int]] = []
     self._begun = [0] * num_workers  # steps begun by each worker
     self._missed = [0] * num_workers  # others' master updates since a worker's last read
@@ -360,7 +390,7 @@ class AsyncClock(Clock):
   def _serve(self, worker: int, arrival: float) -> None:
     """Serves a request under the lock, as soon as the master is free."""
     start = max(arrival, self._master_free)
-    self._master_free = start + self.cluster.master_time
+    self._master_free = start + self.service
     self._read(worker, start, EXCHANGE, wait=start - arrival)
     self._written(worker)
     self._after_reply(worker, self._master_free + self.message)
@@ -384,7 +414,7 @@ class AsyncClock(Clock):
         self._turn = (turn + 1) % self.num_workers
     elif kind == _ARRIVE:  # hogwild: read now, write later
       self._read(worker, time, READ, wait=0.0)
-      self._push(time + self.cluster.master_time, _WRITE, worker)
+      self._push(time + self.service, _WRITE, worker)
     else:  # _WRITE
       self._emit(time, False, WRITE, worker)
       self._written(worker)

@@ -144,6 +144,25 @@ DATASETS: dict[str, Callable[[str], Dataset]] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """What a dataset's arrays look like, known without loading it."""
+
+  train_examples: int
+  image_shape: tuple[int, int, int]
+  num_classes: int
+
+
+# Every dataset's shape, so that a run can be planned before the data is at hand.
+SHAPES: dict[str, Shape] = {
+  "mnist5k": Shape(4000, (28, 28, 1), 10),
+  "digits": Shape(1497, (8, 8, 1), 10),
+  "mnist": Shape(60000, (28, 28, 1), 10),
+  "fashion_mnist": Shape(60000, (28, 28, 1), 10),
+  "cifar10": Shape(50000, (32, 32, 3), 10),
+}
+
+
 def load_dataset(name: str, data_dir: str = "") -> Dataset:
   """Loads the dataset registered under `name`."""
   if name not in DATASETS:

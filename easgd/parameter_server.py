@@ -27,7 +27,7 @@ rate, G_j: gradients accumulated since worker j's last request):
 Without a lock (Hogwild) a request is split in two operations: READ at
 arrival computes the increment (e, or u) from the x~ it sees then and
 updates the worker (x_j <- x_j - e, or x_j <- snapshot + u), and WRITE adds
-the increment to x~ master_time later. Requests whose READ and WRITE
+the increment to x~ one service time later. Requests whose READ and WRITE
 interleave read the same snapshot and all their increments are added.
 """
 

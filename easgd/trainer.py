@@ -151,13 +151,21 @@ class _Schedule:
 _NOT_HPARAMS = frozenset(
   {"log_every", "eval_every", "checkpoint_every", "devices", "data_dir"}
   | {"models", "stage_steps", "weight_decay"}  # the pipeline's
+  | {"cluster.device_memory", "cluster.device_flops"}  # the planner's
 )
 
 
+def _hparam(value):
+  """A value the HParams dashboard shows: tuples and infinities as strings."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return str(value)
+  return value if isinstance(value, (str, bool, int, float)) else str(tuple(value))
+
+
 def hparams_of(config: ml_collections.ConfigDict) -> dict:
-  """The config's fields for TensorBoard's HParams dashboard (tuples as strings)."""
+  """The config's fields for TensorBoard's HParams dashboard."""
   return {
-    field: value if isinstance(value, (str, bool, int, float)) else str(tuple(value))
+    field: _hparam(value)
     for field, value in validation.flatten(config.to_dict()).items()
     if field not in _NOT_HPARAMS and not field.startswith("per_model.")
   }

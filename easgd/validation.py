@@ -11,6 +11,7 @@ from easgd.algorithms import (
   RULES,
   SERVER_OPTIMIZERS,
 )
+from easgd.cluster import ALLREDUCES
 from easgd.data import DATASETS
 from easgd.errors import ConfigError
 from models import MODELS
@@ -22,6 +23,7 @@ NESTEROV_RULES = frozenset({"sync_sgd", "sync_measgd", "async_measgd"})
 # long the run goes on, what it reports, or where it runs, not the trajectory.
 RESUMABLE_FIELDS = frozenset(
   {"total_steps", "eval_every", "checkpoint_every", "log_every", "devices", "data_dir"}
+  | {"cluster.device_memory", "cluster.device_flops"}  # read by the planner only
 )
 
 
@@ -201,6 +203,15 @@ def validate_cluster(cluster: ml_collections.ConfigDict, workers: int) -> None:
     "straggler_slowdown",
     "must be >= 1 (how many times slower a straggler is)",
   )
+  require(_is_int(cluster.servers) and cluster.servers >= 1, "servers", "must be an integer >= 1")
+  require(
+    number(cluster.server_bandwidth) and cluster.server_bandwidth > 0,
+    "server_bandwidth",
+    "must be > 0 (bytes/second; inf: the servers' links are not modelled)",
+  )
+  require(cluster.allreduce in ALLREDUCES, "allreduce", f"must be one of {', '.join(ALLREDUCES)}")
+  for field in ("device_memory", "device_flops"):
+    require(number(cluster[field]) and cluster[field] >= 0, field, "must be >= 0 (0: not given)")
   stragglers = cluster.stragglers
   require(
     isinstance(stragglers, (tuple, list))

@@ -5,10 +5,12 @@ from collections.abc import Callable
 import flax.linen as nn
 
 from models.lenet import LeNet5
+from models.mlp import MLP
 
 # name -> constructor taking the number of classes.
 MODELS: dict[str, Callable[[int], nn.Module]] = {
   "lenet5": lambda num_classes: LeNet5(num_classes=num_classes),
+  "mlp": lambda num_classes: MLP(num_classes=num_classes),
 }
 
 

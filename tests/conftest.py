@@ -1,7 +1,15 @@
-"""Test setup: 8 virtual CPU devices, and collectives that fail fast instead of hanging."""
+"""Test setup: 8 virtual CPU devices, collectives that fail fast instead of
+hanging, and one compilation cache for the session.
+
+Many tests (and the train.py processes they start) compile the same
+programs; JAX's persistent cache, shared through the environment with the
+subprocesses, compiles each once. Set JAX_COMPILATION_CACHE_DIR to keep it
+across sessions.
+"""
 
 import os
 import sys
+import tempfile
 
 # Must be set before JAX starts its backends.
 os.environ["XLA_FLAGS"] = " ".join(
@@ -12,6 +20,8 @@ os.environ["XLA_FLAGS"] = " ".join(
     "--xla_cpu_collective_call_terminate_timeout_seconds=8",
   ]
 )
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="jax-cache-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402

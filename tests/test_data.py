@@ -50,6 +50,22 @@ def test_tfds_dataset_loads_under_mock_data():
   assert ds.test_labels.shape == (48,) and ds.train_labels.dtype == np.int32
 
 
+@pytest.mark.parametrize("name", ["mnist5k", "digits"])
+def test_known_shapes_match_the_loaded_dataset(name):
+  ds, shape = data.load_dataset(name), data.SHAPES[name]
+  assert len(ds.train_labels) == shape.train_examples
+  assert ds.train_images.shape[1:] == shape.image_shape and ds.num_classes == shape.num_classes
+
+
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10"])
+def test_known_shapes_match_tfds(name):
+  with tfds.testing.mock_data(num_examples=4):
+    ds = data.load_dataset(name)
+  shape = data.SHAPES[name]
+  assert ds.train_images.shape[1:] == shape.image_shape and ds.num_classes == shape.num_classes
+  assert set(data.SHAPES) == set(data.DATASETS)
+
+
 def test_absent_tfds_dataset_fails_fast_and_says_how_to_get_it(tmp_path):
   start = time.monotonic()
   with pytest.raises(ConfigError, match=r"not prepared .*tfds build cifar10"):

@@ -47,7 +47,7 @@ def _train(num_devices, algorithm, steps_count=2):
   "algorithm,steps_count",
   [("sync_measgd", 3), ("sync_sgd", 1), ("async_measgd", 4), ("hogwild_sgd", 3)],
 )
-def test_eight_workers_give_the_same_result_on_8_4_2_and_1_devices(algorithm, steps_count):
+def test_eight_workers_give_the_same_result_on_8_2_and_1_devices(algorithm, steps_count):
   # Sums over workers are reassociated differently on each layout, so the
   # layouts agree to float rounding. (Over many steps a ReLU or max-pool
   # decision at an exact tie can flip under that rounding and the runs then
@@ -55,7 +55,7 @@ def test_eight_workers_give_the_same_result_on_8_4_2_and_1_devices(algorithm, st
   # all-reduce, shows that from its second step on LeNet-5. The rule tests
   # check longer runs on a smooth model.)
   reference, reference_metrics = _train(8, algorithm, steps_count)
-  for num_devices in (4, 2, 1):
+  for num_devices in (2, 1):  # 1 and 4 workers a device
     state, metrics = _train(num_devices, algorithm, steps_count)
     for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(state), strict=True):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -22,6 +22,7 @@ from easgd import sweep
 
 def get_config():
   config = default.get_config()
+  config.workers = 2
   config.total_steps = 50
   config.log_every = 25
   config.eval_every = 50
@@ -194,6 +195,7 @@ def test_tensorboard_serves_every_run_with_scalars_and_hparams(which, request):
       "sweep point 0 (learning_rate=-1.0): config.learning_rate=-1.0 is invalid",
     ),
     ('[{"moving_rate": 0.1}]', ["--pipeline"], "--pipeline: the sweep sets moving_rate"),
+    ('[{"learning_rate": 0.1}]', ["--config.foo=1"], "unknown config field 'foo'"),
   ],
 )
 def test_bad_sweep_exits_2_with_one_line_and_runs_nothing(tmp_path, points, flags, message):

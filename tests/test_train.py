@@ -124,7 +124,9 @@ def _train_cli(workdir, *overrides, wait=True):
 
 
 RESUME_RUN = (
-  "--config.total_steps=160",
+  "--config.workers=4",
+  "--config.moving_rate=0.2",
+  "--config.total_steps=80",
   "--config.checkpoint_every=20",
   "--config.eval_every=0",
   "--config.log_every=20",
@@ -155,7 +157,7 @@ def resumed_runs(request, tmp_path_factory):
   process.send_signal(signal.SIGKILL)
   assert process.wait(timeout=30) == -signal.SIGKILL
   killed_at = max(int(name) for name in os.listdir(resumed / "checkpoints") if name.isdigit())
-  assert killed_at < 160
+  assert killed_at < 80
   finished = _train_cli(resumed, *run)
   assert finished.returncode == 0, finished.stderr[-2000:]
   assert "resumed from the checkpoint of step" in finished.stderr
@@ -164,8 +166,8 @@ def resumed_runs(request, tmp_path_factory):
 
 def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs):
   straight, resumed, run = resumed_runs
-  a = ocp.PyTreeCheckpointer().restore(straight / "checkpoints" / "160" / "state")
-  b = ocp.PyTreeCheckpointer().restore(resumed / "checkpoints" / "160" / "state")
+  a = ocp.PyTreeCheckpointer().restore(straight / "checkpoints" / "80" / "state")
+  b = ocp.PyTreeCheckpointer().restore(resumed / "checkpoints" / "80" / "state")
   leaves_a, leaves_b = _leaves(a), _leaves(b)
   assert len(leaves_a) == len(leaves_b) > 10
   for x, y in zip(leaves_a, leaves_b, strict=True):
@@ -173,8 +175,8 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
   if "--config.algorithm=pipeline" in run:
     return
   # The simulated clock went on where it stopped.
-  clock_a = json.loads((straight / "checkpoints" / "160" / "clock" / "metadata").read_text())
-  clock_b = json.loads((resumed / "checkpoints" / "160" / "clock" / "metadata").read_text())
+  clock_a = json.loads((straight / "checkpoints" / "80" / "clock" / "metadata").read_text())
+  clock_b = json.loads((resumed / "checkpoints" / "80" / "clock" / "metadata").read_text())
   assert clock_a == clock_b and clock_a["time"] > 0
 
 

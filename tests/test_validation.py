@@ -54,6 +54,11 @@ def test_bad_fields_are_named_with_their_valid_range(overrides, message):
     ("straggler_slowdown", 0.5, r"config.cluster.straggler_slowdown=0.5 .*>= 1"),
     ("stragglers", (8,), r"config.cluster.stragglers=\(8,\) .*indices in \[0, 8\)"),
     ("stragglers", (2, 2), r"config.cluster.stragglers=\(2, 2\) .*distinct"),
+    ("servers", 0, r"config.cluster.servers=0 .*integer >= 1"),
+    ("server_bandwidth", 0.0, r"config.cluster.server_bandwidth=0.0 .*> 0"),
+    ("allreduce", "star", r"config.cluster.allreduce='star' .*one of ring, tree"),
+    ("device_memory", -1.0, r"config.cluster.device_memory=-1.0 .*>= 0"),
+    ("device_flops", -1.0, r"config.cluster.device_flops=-1.0 .*>= 0"),
   ],
 )
 def test_bad_timing_model_is_named(field, value, message):

@@ -1,0 +1,315 @@
+"""Sizes a run before it is started: python -m easgd.plan --config configs/X.py.
+
+For the config's model, dataset, rule and `config.cluster` it answers:
+  * the largest per-worker batch that fits in `cluster.device_memory`;
+  * the number of workers from which communication takes most of the time,
+    and for the parameter-server rules how many servers keep up;
+  * the predicted time of a step and images/s.
+
+Memory follows Zou et al.'s rule, per device, with every term read from
+XLA's memory analysis of the compiled training step (this machine's backend):
+  total(b) = data + S1(b) + S2 + S3
+    data  the device's resident training partitions (arguments of the step)
+    S1    samples and every layer's outputs and their gradients: s1 * b
+    S2    the training state: parameters, center, optimizer state, counters
+    S3    temporaries that do not grow with the batch (workspace, metrics)
+S1 and S3 are the slope and intercept of the step's temporaries between two
+compiled batch sizes; the largest batch is then checked by compiling it.
+Time comes from easgd/sizing.py's steady state of the timing model, with
+t_c = the step's FLOPs (XLA's cost analysis) / `cluster.device_flops`, or
+`cluster.compute_time` where no FLOP rate is given.
+"""
+
+import dataclasses
+import functools
+import math
+import types
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import app
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import models
+from easgd import cli, cluster, data, sharding, sizing, steps, trainer, validation
+from easgd.algorithms import RULES, make_rule
+from easgd.errors import ConfigError
+from easgd.parameter_server import ParameterServerRule
+from easgd.rules import AXIS
+
+# Worker counts of the scaling table in the report.
+TABLE_WORKERS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def compiled_bytes(compiled) -> int:
+  """Peak bytes of a compiled program on one device: its arguments, its
+  temporaries and the outputs that do not reuse (donated) argument buffers."""
+  stats = compiled.memory_analysis()
+  return (
+    stats.argument_size_in_bytes
+    + stats.temp_size_in_bytes
+    + stats.output_size_in_bytes
+    - stats.alias_size_in_bytes
+  )
+
+
+def _abstract(tree, shardings):
+  return jax.tree.map(
+    lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
+    tree,
+    shardings,
+  )
+
+
+class StepCompiler:
+  """Compiles a config's training step for any batch size from shapes alone (no data)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, mesh):
+    self.config = config
+    self.mesh = mesh
+    self.shape = data.SHAPES[config.dataset]
+    self.partition = self.shape.train_examples // config.workers
+    self.model = models.get_model(config.model, self.shape.num_classes)
+    images = jnp.zeros((1, *self.shape.image_shape), jnp.uint8)
+    params = jax.eval_shape(self.model.init, jax.random.PRNGKey(0), images)["params"]
+    self.model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
+    self.rule = make_rule(config.algorithm, trainer.hyper_from(config))
+    state = jax.eval_shape(self.rule.init, params, jax.random.PRNGKey(0))
+    self.state = _abstract(state, sharding.named(mesh, sharding.state_specs(state)))
+    split = NamedSharding(mesh, P(AXIS))
+    example_shape = (config.workers, self.partition)
+    self.images = jax.ShapeDtypeStruct(
+      (*example_shape, *self.shape.image_shape), jnp.uint8, sharding=split
+    )
+    self.labels = jax.ShapeDtypeStruct(example_shape, jnp.int32, sharding=split)
+    channels = self.shape.image_shape[-1]
+    # Normalisation constants change neither shapes nor cost.
+    stand_in = types.SimpleNamespace(mean=(0.0,) * channels, std=(1.0,) * channels, max_value=255)
+    self.loss_fn = steps.make_loss_fn(self.model, steps.make_normalize(stand_in))
+    self.tick = self.rule.tick_inputs(cluster.Tick.empty(config.workers))
+    self._compiled = {}
+
+  @property
+  def data_bytes(self) -> int:
+    """The resident partitions on one device."""
+    per_device = self.config.workers // self.mesh.size
+    return sum(
+      per_device * math.prod(x.shape[1:]) * x.dtype.itemsize for x in (self.images, self.labels)
+    )
+
+  def compile(self, batch_size: int):
+    """The compiled step for per-worker batches of `batch_size` (compiled once)."""
+    if batch_size not in self._compiled:
+      step = steps.build_train_step(self.rule, self.loss_fn, self.mesh, self.state, batch_size)
+      self._compiled[batch_size] = step.lower(
+        self.state, self.images, self.labels, self.tick
+      ).compile()
+    return self._compiled[batch_size]
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+  """Bytes per device of the training step at per-worker batch b (see the module doc)."""
+
+  data: int
+  state: int  # S2
+  per_example: float  # S1 / b
+  fixed: float  # S3
+
+  def activations(self, batch_size: int) -> float:
+    """S1(b)."""
+    return self.per_example * batch_size
+
+  def total(self, batch_size: int) -> float:
+    return self.data + self.state + self.fixed + self.activations(batch_size)
+
+  def largest_batch(self, device_memory: float) -> int:
+    """The largest b with total(b) <= device_memory (0 if none)."""
+    room = device_memory - self.total(0)
+    if room < 0:
+      return 0
+    return int(room // self.per_example) if self.per_example > 0 else 2**62
+
+
+def measure_memory(compiler: StepCompiler, batch_size: int) -> Memory:
+  """The terms of the memory rule from two compiled batch sizes: b and b/2 (or 2)."""
+  other = batch_size // 2 if batch_size >= 2 else 2
+  small, large = sorted((other, batch_size))
+  compiled = {b: compiler.compile(b) for b in (small, large)}
+  stats = compiled[large].memory_analysis()
+  state = stats.argument_size_in_bytes - compiler.data_bytes
+  variable = {b: compiled_bytes(c) - stats.argument_size_in_bytes for b, c in compiled.items()}
+  per_example = (variable[large] - variable[small]) / (large - small)
+  fixed = variable[large] - per_example * large
+  return Memory(data=compiler.data_bytes, state=state, per_example=per_example, fixed=fixed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What the planner found; `report()` writes it out."""
+
+  config: ml_collections.ConfigDict
+  devices: int
+  partition: int  # examples per worker
+  model_bytes: int
+  memory: Memory
+  memory_batch: int  # the largest batch the memory allows
+  largest_batch: int  # and the partition too
+  checked_bytes: int | None  # compiled peak at largest_batch, where it was compiled
+  step_flops: float  # per worker, at config.batch_size
+  timing: sizing.Timing
+  compute_source: str
+
+  def report(self) -> str:
+    config, memory, timing = self.config, self.memory, self.timing
+    b, mb = config.batch_size, 1e6
+    per_device = config.workers // self.devices
+    lines = [
+      f"plan: {config.algorithm}, {config.model} on {config.dataset}, "
+      f"{config.workers} workers on {self.devices} devices ({per_device} a device), "
+      f"batch {b} a worker",
+      f"model: {self.model_bytes / mb:.3f} MB of parameters",
+      "",
+      f"memory per device (XLA's analysis of the compiled step on "
+      f"{jax.devices()[0].platform}), batch {b}:",
+      f"  data (resident partitions)      {memory.data / mb:10.3f} MB",
+      f"  S1 activations {memory.per_example:9.0f} B/example {memory.activations(b) / mb:10.3f} MB",
+      f"  S2 state (params, opt, center)  {memory.state / mb:10.3f} MB",
+      f"  S3 batch-independent temporaries{memory.fixed / mb:10.3f} MB",
+      f"  total                           {memory.total(b) / mb:10.3f} MB"
+      f" of {config.cluster.device_memory / mb:.1f} MB",
+      "  (XLA's own buffers: a runtime's allocations outside them need headroom; docs/scaling.md)",
+    ]
+    if self.memory_batch > self.partition:
+      lines.append(
+        f"largest batch: {self.largest_batch}, set by the partition of {self.partition} "
+        f"examples a worker (the memory would allow {self.memory_batch})"
+      )
+    else:
+      checked = f"; compiled: {self.checked_bytes / mb:.3f} MB" if self.checked_bytes else ""
+      lines.append(
+        f"largest batch: {self.largest_batch}, set by the memory "
+        f"(predicted {memory.total(self.largest_batch) / mb:.3f} MB{checked})"
+      )
+    p = config.workers
+    lines += [
+      "",
+      f"time ({timing.family}; equal workers, one a device):",
+      f"  {self.step_flops / 1e9:.4g} GFLOP a local step; t_c = {timing.compute_time:.4g} s "
+      f"({self.compute_source})",
+      *(f"  {line}" for line in timing.derivation(p)),
+      f"  step {timing.step_time(p):.4g} s, {timing.images_per_sec(p, b):.4g} images/s, "
+      f"communication {100 * timing.comm_share(p):.1f}% of the time",
+    ]
+    critical = timing.critical_workers()
+    lines.append(
+      "  communication dominates from "
+      + (f"P = {critical} workers" if critical else "no number of workers (it never reaches half)")
+    )
+    servers = timing.servers_needed(p)
+    if servers is not None:
+      lines.append(f"  parameter servers needed for {p} workers: {servers}")
+    lines += ["", "   P   step s     images/s  comm %"]
+    for workers in TABLE_WORKERS:
+      lines.append(
+        f"{workers:4d} {timing.step_time(workers):8.4g} {timing.images_per_sec(workers, b):12.5g}"
+        f" {100 * timing.comm_share(workers):6.1f}"
+      )
+    return "\n".join(lines)
+
+
+def family_of(rule) -> str:
+  if not isinstance(rule, ParameterServerRule):
+    return sizing.SYNC
+  return sizing.LOCK_FREE if rule.policy == cluster.HOGWILD else sizing.LOCKED
+
+
+def check_plannable(config: ml_collections.ConfigDict) -> None:
+  """What the planner needs beyond a valid config; raises ConfigError."""
+  validation.validate(config)
+  if config.algorithm == validation.PIPELINE:
+    raise ConfigError(
+      "config.algorithm='pipeline' is not planned: the planner sizes the update rules "
+      f"({', '.join(sorted(RULES))})"
+    )
+  if not config.cluster.device_memory > 0:
+    raise ConfigError(
+      f"config.cluster.device_memory={config.cluster.device_memory!r} is invalid: the planner "
+      "needs each device's memory in bytes (> 0), e.g. 16e9"
+    )
+  validation.validate_partition(config, data.SHAPES[config.dataset].train_examples, config.workers)
+
+
+def make_plan(config: ml_collections.ConfigDict) -> Plan:
+  """Compiles the config's step and solves the memory rule and the timing model."""
+  check_plannable(config)
+  mesh = sharding.make_mesh(trainer.resolve_devices(config, len(jax.devices())))
+  compiler = StepCompiler(config, mesh)
+  memory = measure_memory(compiler, config.batch_size)
+  device_memory = config.cluster.device_memory
+  memory_batch = memory.largest_batch(device_memory)
+  if memory_batch < 1:
+    raise ConfigError(
+      f"no batch fits in config.cluster.device_memory={device_memory:.4g} bytes: at batch 1 "
+      f"the step needs {memory.total(1):.4g} (data {memory.data:.4g}, state {memory.state:.4g}, "
+      f"activations {memory.per_example:.4g}, fixed temporaries {memory.fixed:.4g}); "
+      "use fewer workers a device, a smaller model or a larger device"
+    )
+  largest, checked = min(memory_batch, compiler.partition), None
+  if memory_batch <= compiler.partition:
+    # XLA's temporaries are close to linear in the batch, not exactly: compile to be sure.
+    for _ in range(4):
+      checked = compiled_bytes(compiler.compile(largest))
+      if checked <= device_memory or largest == 1:
+        break
+      largest -= max(1, math.ceil((checked - device_memory) / memory.per_example))
+  cost = compiler.compile(config.batch_size).cost_analysis()
+  per_device = config.workers // mesh.size
+  step_flops = float(cost["flops"]) / per_device
+  timing_model = cluster.Cluster.from_config(config.cluster)
+  if timing_model.device_flops > 0:
+    compute_time = step_flops / timing_model.device_flops
+    source = f"at cluster.device_flops = {timing_model.device_flops:.4g} FLOP/s"
+  else:
+    compute_time = timing_model.compute_time
+    source = "cluster.compute_time; set cluster.device_flops to derive it from the FLOPs"
+  timing = sizing.Timing(
+    cluster=timing_model,
+    model_bytes=compiler.model_bytes,
+    compute_time=compute_time,
+    period=compiler.rule.period,
+    family=family_of(compiler.rule),
+  )
+  return Plan(
+    config=config,
+    devices=mesh.size,
+    partition=compiler.partition,
+    model_bytes=compiler.model_bytes,
+    memory=memory,
+    memory_batch=memory_batch,
+    largest_batch=largest,
+    checked_bytes=checked,
+    step_flops=step_flops,
+    timing=timing,
+    compute_source=source,
+  )
+
+
+def main(argv, config_flag):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  config = config_flag.value
+  try:
+    check_plannable(config)
+    sharding.configure_cpu_devices(config.devices or min(config.workers, 8))
+    print(make_plan(config).report())
+  except ConfigError as error:
+    cli.fail(str(error))
+
+
+if __name__ == "__main__":
+  # The flag is defined here, not on import, so that tests can import this module.
+  config_flag = cli.define_config("configs/default.py")
+  app.run(functools.partial(main, config_flag=config_flag), flags_parser=cli.parse_flags)

@@ -1,0 +1,160 @@
+"""Steady state of the timing model (easgd/cluster.py) for P equal workers, in closed form.
+
+The clocks simulate a run event by event; this module solves the same model
+for its steady state, which is what sizing a cluster needs. Workers are
+equal (no speed spread, jitter or stragglers). Notation: t_c compute time of
+one local step, tau local steps between a worker's exchanges (the rule's
+period), W model bytes, L latency, B bandwidth, m = L + W/B one message, and
+the parameter servers' time per request s = (master_time + 2W/B_s)/S.
+
+Synchronous rules (an all-reduce every tau steps, after a barrier):
+    T(P) = t_c + A(P)/tau,
+    A(P) = 2(P-1)(L + W/(P B))          ring
+    A(P) = 2 ceil(log2 P)(L + W/B)        tree
+  Communication dominates (takes at least half of T) from the smallest P with
+  A(P) >= tau t_c. A grows with P (the ring through its latency term), so
+  that P exists whenever L > 0 or the bandwidth term alone reaches tau t_c.
+
+Parameter-server rules: a worker's cycle is tau steps, one request (message
+there, service, message back):
+    C = tau t_c + 2m + s.
+  With a lock (original, Async and Async M- EASGD, Async SGD/MSGD, Downpour)
+  the servers serve one request at a time, so P workers need P s of service
+  per cycle: once P s > C the servers are saturated and every worker's cycle
+  stretches to P s:
+    cycle(P) = max(C, P s),   T(P) = cycle(P)/tau.
+  Communication (messages, service and queueing) is 1 - tau t_c/cycle(P) of
+  the time. It dominates at every P if 2m + s >= tau t_c; otherwise from
+    P* = ceil(2 tau t_c / s),
+  the smallest P with P s >= 2 tau t_c.
+  The servers keep up with P workers (P s <= C, no queue) when
+  (P-1) s <= tau t_c + 2m, that is with
+    S >= (P-1)(master_time + 2W/B_s) / (tau t_c + 2m)
+  servers: the lemma the sizing rule asks for, with 2W per request through
+  the servers' links.
+  Without a lock (Hogwild) requests overlap and nothing queues in the model:
+  cycle(P) = C for every P, and the servers' links are the only limit.
+"""
+
+import dataclasses
+import math
+
+from easgd import cluster as cluster_lib
+
+SYNC, LOCKED, LOCK_FREE = (
+  "synchronous",
+  "parameter server with a lock",
+  "lock-free parameter server",
+)
+# The largest worker count the search for P* looks at.
+MAX_WORKERS = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """The steady state of one rule family on one cluster, as a function of P."""
+
+  cluster: cluster_lib.Cluster
+  model_bytes: float
+  compute_time: float  # t_c
+  period: int  # tau
+  family: str  # SYNC | LOCKED | LOCK_FREE
+
+  @property
+  def message(self) -> float:
+    """m = L + W/B."""
+    return self.cluster.message_time(self.model_bytes)
+
+  @property
+  def service(self) -> float:
+    """s = (master_time + 2W/B_s)/S."""
+    return self.cluster.service_time(self.model_bytes)
+
+  def allreduce(self, workers: int) -> float:
+    """A(P)."""
+    return self.cluster.allreduce_time(self.model_bytes, workers)
+
+  def cycle(self, workers: int) -> float:
+    """Seconds between two exchanges of one worker (tau local steps)."""
+    if self.family == SYNC:
+      return self.period * self.compute_time + self.allreduce(workers)
+    alone = self.period * self.compute_time + 2 * self.message + self.service
+    if self.family == LOCKED:
+      return max(alone, workers * self.service)
+    return alone
+
+  def step_time(self, workers: int) -> float:
+    """T(P): seconds per local step of each worker."""
+    return self.cycle(workers) / self.period
+
+  def comm_share(self, workers: int) -> float:
+    """The part of a worker's time not spent computing."""
+    return 1 - self.compute_time / self.step_time(workers)
+
+  def images_per_sec(self, workers: int, batch_size: int) -> float:
+    return workers * batch_size / self.step_time(workers)
+
+  def critical_workers(self) -> int | None:
+    """P*: the fewest workers for which communication takes at least half the time.
+
+    None where no number of workers gets there.
+    """
+    work = self.period * self.compute_time
+    if self.family == SYNC:
+      if self.allreduce(MAX_WORKERS) < work:
+        return None
+      low, high = 1, MAX_WORKERS  # A(low) < work <= A(high); A(1) = 0
+      while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if self.allreduce(middle) < work else (low, middle)
+      return high
+    if 2 * self.message + self.service >= work:
+      return 1
+    if self.family == LOCK_FREE or self.service == 0:
+      return None
+    return math.ceil(2 * work / self.service - 1e-9)
+
+  def servers_needed(self, workers: int) -> int | None:
+    """The fewest servers with which P workers never queue (None: not a locked rule)."""
+    if self.family != LOCKED:
+      return None
+    per_request = self.cluster.master_time + 2 * self.model_bytes / self.cluster.server_bandwidth
+    free_time = self.period * self.compute_time + 2 * self.message
+    return max(1, math.ceil((workers - 1) * per_request / free_time - 1e-9))
+
+  def derivation(self, workers: int) -> list[str]:
+    """The formulas above with this cluster's numbers in them."""
+    c, tau, t_c = self.cluster, self.period, self.compute_time
+    lines = [f"t_c = {t_c:.4g} s, tau = {tau}, W = {self.model_bytes:.4g} B, P = {workers}"]
+    if self.family == SYNC:
+      shape = (
+        "2 ceil(log2 P)(L + W/B)" if c.allreduce == cluster_lib.TREE else "2(P-1)(L + W/(P B))"
+      )
+      lines += [
+        f"{c.allreduce} all-reduce A(P) = {shape}, "
+        f"L = {c.latency:.4g} s, B = {c.bandwidth:.4g} B/s",
+        f"A({workers}) = {self.allreduce(workers):.4g} s; "
+        f"T(P) = t_c + A(P)/tau = {self.step_time(workers):.4g} s",
+        f"communication dominates from the smallest P with A(P) >= tau t_c = {tau * t_c:.4g} s",
+      ]
+      return lines
+    per_request = c.master_time + 2 * self.model_bytes / c.server_bandwidth
+    lines += [
+      f"m = L + W/B = {self.message:.4g} s; "
+      f"s = (master_time + 2W/B_s)/S = {per_request:.4g}/{c.servers} = {self.service:.4g} s",
+      f"C = tau t_c + 2m + s = {self.cycle(1):.4g} s",
+    ]
+    if self.family == LOCKED:
+      lines += [
+        f"cycle(P) = max(C, P s) = {self.cycle(workers):.4g} s; "
+        f"T(P) = cycle/tau = {self.step_time(workers):.4g} s",
+        "communication dominates from P* = ceil(2 tau t_c / s) "
+        f"= ceil({2 * tau * t_c:.4g}/{self.service:.4g}) (if 2m + s < tau t_c)",
+        f"servers: S >= (P-1)(master_time + 2W/B_s)/(tau t_c + 2m) = "
+        f"{workers - 1}*{per_request:.4g}/{tau * t_c + 2 * self.message:.4g}",
+      ]
+    else:
+      lines += [
+        f"no lock: cycle(P) = C for every P; T(P) = {self.step_time(workers):.4g} s",
+      ]
+    return lines

@@ -1,0 +1,23 @@
+"""A two-hidden-layer perceptron: the no-convolution baseline."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class MLP(nn.Module):
+  """flatten - dense 512 - dense 256 - logits, with ReLU.
+
+  Its cost is all matrix products, unlike LeNet-5's convolutions, which makes
+  it the contrast case for the planner's memory and time predictions.
+  """
+
+  num_classes: int = 10
+  hidden: tuple[int, ...] = (512, 256)
+
+  @nn.compact
+  def __call__(self, images: jnp.ndarray) -> jnp.ndarray:
+    """Maps images [batch, height, width, channels] to logits [batch, classes]."""
+    x = images.reshape((images.shape[0], -1))
+    for index, width in enumerate(self.hidden):
+      x = nn.relu(nn.Dense(width, name=f"fc{index + 1}")(x))
+    return nn.Dense(self.num_classes, name="logits")(x)

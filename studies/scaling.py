@@ -1,0 +1,357 @@
+"""Strong and weak scaling from the timing model, measured points, accuracy against P, and SC17.
+
+    python studies/scaling.py --workdir runs/scaling [--parts model,measured,accuracy,sc17]
+
+Writes docs/scaling_tables.md and docs/scaling.png. Its parts:
+  model     speed-up over one worker that never communicates, and efficiency
+            (speed-up / P), for P in {1, 2, 4, ..., 64} of every rule
+            family, from the rules' own clocks (easgd/cluster.py) simulated
+            for 300 local steps: weak scaling with 32 images a worker, strong
+            scaling with 256 images a step shared by the P workers (a
+            worker's compute time proportional to its batch). The cluster is
+            the default config's (10 ms for a step of 32 images, 10% jitter,
+            1 Gbit/s, 0.5 ms latency, 1 ms master) with equal workers and
+            LeNet-5's 247 KB.
+  measured  the same speed-ups of sync_easgd measured on this machine's
+            virtual CPU devices (P <= 8, one process).
+  accuracy  final center test accuracy of Sync and Async EASGD and of Sync
+            and Async SGD on mnist5k at each P (300 local steps a worker,
+            beta = P * alpha = 0.9), trained in <workdir>/<rule>/P<P>.
+  sc17      SC17's system-level comparison (8 GPUs, a 249 MB AlexNet) from
+            the model: Sync EASGD's tree all-reduce against the original
+            round-robin master, with the bandwidths stated in the table.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import logging  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+import jax.numpy as jnp  # noqa: E402
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
+
+import models  # noqa: E402
+from configs import default  # noqa: E402
+from easgd import checkpoint, cluster, data, sharding, sizing, steps, sweep, trainer  # noqa: E402
+from easgd.algorithms import make_rule  # noqa: E402
+from easgd.errors import TrainingDiverged  # noqa: E402
+
+WORKERS = (1, 2, 4, 8, 16, 32, 64)
+MEASURED_WORKERS = (1, 2, 4, 8)
+BATCH, GLOBAL_BATCH, STEPS, TAU = 32, 256, 300, 4
+# (label, rule, all-reduce)
+FAMILIES = (
+  ("sync_sgd (ring)", "sync_sgd", "ring"),
+  ("sync_easgd (ring)", "sync_easgd", "ring"),
+  ("sync_easgd (tree)", "sync_easgd", "tree"),
+  ("original_easgd", "original_easgd", "ring"),
+  ("async_easgd", "async_easgd", "ring"),
+  ("hogwild_easgd", "hogwild_easgd", "ring"),
+  ("async_sgd", "async_sgd", "ring"),
+)
+ACCURACY_RULES = ("sync_easgd", "async_easgd", "sync_sgd", "async_sgd")
+LENET_BYTES = 61_706 * 4
+
+
+def base_cluster() -> cluster.Cluster:
+  timing = cluster.Cluster.from_config(default.get_config().cluster)
+  return dataclasses.replace(timing, speed_spread=0.0)
+
+
+def hyper(rule_workers: int):
+  config = default.get_config()
+  config.workers, config.comm_period, config.moving_rate = rule_workers, TAU, 0.9 / rule_workers
+  return trainer.hyper_from(config)
+
+
+def simulated_images_per_sec(rule_name, allreduce, workers, batch, compute_time) -> float:
+  """Images/s of `workers` workers under the rule's clock, over STEPS local steps each."""
+  timing = dataclasses.replace(base_cluster(), allreduce=allreduce, compute_time=compute_time)
+  clock = make_rule(rule_name, hyper(workers)).make_clock(timing, LENET_BYTES, seed=0)
+  while clock.worker_steps.min() < STEPS:
+    clock.next_tick()
+  return clock.worker_steps.sum() * batch / clock.time
+
+
+def model_scaling() -> dict:
+  """{(mode, label): [speed-up at each P]}, mode weak or strong."""
+  base_time = base_cluster().compute_time  # for BATCH images
+  table = {}
+  for label, rule_name, allreduce in FAMILIES:
+    weak = [simulated_images_per_sec(rule_name, allreduce, p, BATCH, base_time) for p in WORKERS]
+    strong = [
+      simulated_images_per_sec(
+        rule_name, allreduce, p, GLOBAL_BATCH // p, base_time * GLOBAL_BATCH / p / BATCH
+      )
+      for p in WORKERS
+    ]
+    # Speed-up over one worker that never communicates: BATCH images per base_time.
+    alone = BATCH / base_time
+    table["weak", label] = [x / alone for x in weak]
+    table["strong", label] = [x / alone for x in strong]
+  return table
+
+
+def measured_images_per_sec(workers: int, batch: int, num_steps: int = 30) -> float:
+  """sync_easgd on `workers` virtual CPU devices of this machine, one worker each."""
+  config = default.get_config()
+  config.workers, config.devices, config.batch_size = workers, workers, batch
+  config.moving_rate = 0.9 / workers
+  dataset = data.load_dataset("mnist5k")
+  mesh = sharding.make_mesh(workers)
+  model = models.get_model(config.model, 10)
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
+  rule = make_rule("sync_easgd", trainer.hyper_from(config))
+  state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
+  images, labels = sharding.place_partitions(
+    mesh, dataset.train_images, dataset.train_labels, workers, 0
+  )
+  loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
+  step = steps.build_train_step(rule, loss_fn, mesh, state, batch)
+  tick = rule.tick_inputs(cluster.Tick.empty(workers))
+  state, out = step(state, images, labels, tick)  # compile and warm up
+  jax.block_until_ready(out)
+  best = 0.0
+  for _ in range(5):  # the best of five rounds: the machine is shared
+    start = time.perf_counter()
+    for _ in range(num_steps):
+      state, out = step(state, images, labels, tick)
+    jax.block_until_ready((state, out))
+    best = max(best, workers * batch * num_steps / (time.perf_counter() - start))
+  return best
+
+
+def measured_scaling() -> dict:
+  weak = [measured_images_per_sec(p, BATCH) for p in MEASURED_WORKERS]
+  strong = [measured_images_per_sec(p, GLOBAL_BATCH // p) for p in MEASURED_WORKERS]
+  return {
+    ("weak", "measured"): [x / weak[0] for x in weak],
+    ("strong", "measured"): [x / strong[0] for x in strong],
+    "images_per_sec": {"weak": weak, "strong": strong},
+  }
+
+
+def final_accuracy(workdir: str, rule_name: str, workers: int) -> dict:
+  """Trains (or reuses) one run; returns its final center accuracy and simulated time."""
+  config = default.get_config()
+  config.algorithm, config.workers = rule_name, workers
+  config.devices = min(workers, 8)
+  config.moving_rate = 0.9 / workers
+  config.total_steps, config.log_every, config.eval_every = STEPS, STEPS, STEPS
+  config.checkpoint_every = STEPS
+  run_dir = os.path.join(workdir, rule_name, f"P{workers}")
+  if checkpoint.saved_step(run_dir) != STEPS:
+    try:
+      trainer.train_and_evaluate(config, run_dir)
+    except TrainingDiverged as error:  # a result too: the rule is unstable at this P
+      return {"diverged": "diverged at step " + str(error).split(" at step ")[1].split(";")[0]}
+  return sweep.final_scalars(run_dir)
+
+
+def sc17() -> dict:
+  """SC17's 8-GPU comparison in the timing model; see docs/scaling.md for the setting."""
+  workers, model_bytes = 8, 249e6
+  pcie = dict(latency=1e-5, bandwidth=1e10)  # PCIe 3.0 x16, about 10 GB/s each way
+  # Original EASGD: the center lives in host memory; each exchange copies the
+  # model GPU -> host and back, and the host updates it in about three passes
+  # over 249 MB at 10 GB/s.
+  master_time = 3 * model_bytes / 1e10
+  original = cluster.Cluster(master_time=master_time, **pcie)
+  sync = cluster.Cluster(allreduce=cluster.TREE, **pcie)
+  ring = cluster.Cluster(allreduce=cluster.RING, **pcie)
+
+  def timings(work):  # work = tau * t_c, seconds of computing between exchanges
+    return {
+      "original": sizing.Timing(original, model_bytes, work, 1, sizing.LOCKED),
+      "sync (tree)": sizing.Timing(sync, model_bytes, work, 1, sizing.SYNC),
+      "sync (ring)": sizing.Timing(ring, model_bytes, work, 1, sizing.SYNC),
+    }
+
+  # One unknown, the computing between exchanges: fit it to one of SC17's
+  # communication shares, then the other share and the speed-up follow.
+  rows = {}
+  for fitted_to, family, share in (
+    ("original 87%", "original", 0.87),
+    ("sync 14%", "sync (tree)", 0.14),
+  ):
+    low, high = 1e-6, 1e3
+    for _ in range(200):  # bisection on the share, which falls as the work grows
+      middle = (low * high) ** 0.5
+      too_much_comm = timings(middle)[family].comm_share(workers) > share
+      low, high = (middle, high) if too_much_comm else (low, middle)
+    work = (low * high) ** 0.5
+    result = timings(work)
+    simulated = {}
+    for name, timing in result.items():
+      rule_name = "original_easgd" if name == "original" else "sync_easgd"
+      config = default.get_config()
+      config.workers, config.comm_period, config.moving_rate = workers, 1, 0.1
+      clock = make_rule(rule_name, trainer.hyper_from(config)).make_clock(
+        dataclasses.replace(timing.cluster, compute_time=work), model_bytes, 0
+      )
+      while clock.worker_steps.min() < 200:
+        clock.next_tick()
+      simulated[name] = clock.time / clock.worker_steps.mean()
+    rows[fitted_to] = {
+      "work": work,
+      "shares": {name: t.comm_share(workers) for name, t in result.items()},
+      "step": {name: t.step_time(workers) for name, t in result.items()},
+      "simulated": simulated,
+    }
+  return rows
+
+
+def _row(cells) -> str:
+  return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def scaling_table(table: dict, mode: str) -> list[str]:
+  labels = [label for kind, label in table if kind == mode]
+  lines = [_row(["rule", *(f"P={p}" for p in WORKERS)]), _row(["---"] * (len(WORKERS) + 1))]
+  for label in labels:
+    values = table[mode, label]
+    lines.append(
+      _row(
+        [label, *(f"{x:.2f}x ({100 * x / p:.0f}%)" for x, p in zip(values, WORKERS, strict=False))]
+      )
+    )
+  return lines
+
+
+def plot(table: dict, path: str) -> None:
+  figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+  for axis, mode in zip(axes, ("weak", "strong"), strict=True):
+    axis.plot(WORKERS, WORKERS, "k:", label="ideal")
+    for (kind, label), values in table.items():
+      if kind != mode:
+        continue
+      if label == "measured":
+        axis.plot(WORKERS[: len(values)], values, "ko-", label="measured: sync_easgd, 2-core CPU")
+      else:
+        axis.plot(WORKERS[: len(values)], values, ".-", label=label)
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log", base=2)
+    axis.set_xlabel("workers P")
+    axis.set_ylabel("speed-up over one worker alone")
+    axis.set_title(
+      f"{mode} scaling ("
+      + (f"{BATCH} images a worker" if mode == "weak" else f"{GLOBAL_BATCH} images a step")
+      + ")"
+    )
+    axis.grid(True, alpha=0.3)
+  axes[0].legend(fontsize=8)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+
+
+def sc17_lines(rows: dict) -> list[str]:
+  lines = [
+    _row(
+      [
+        "fitted to",
+        "tau t_c (s)",
+        "original: comm",
+        "sync tree: comm",
+        "sync ring: comm",
+        "tree speed-up over original",
+        "ring speed-up",
+        "simulated tree speed-up",
+      ]
+    ),
+    _row(["---"] * 8),
+  ]
+  for fitted_to, row in rows.items():
+    shares, step, simulated = row["shares"], row["step"], row["simulated"]
+    lines.append(
+      _row(
+        [
+          fitted_to,
+          f"{row['work']:.3g}",
+          f"{100 * shares['original']:.0f}%",
+          f"{100 * shares['sync (tree)']:.0f}%",
+          f"{100 * shares['sync (ring)']:.0f}%",
+          f"{step['original'] / step['sync (tree)']:.2f}x",
+          f"{step['original'] / step['sync (ring)']:.2f}x",
+          f"{simulated['original'] / simulated['sync (tree)']:.2f}x",
+        ]
+      )
+    )
+  return lines
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workdir", default="runs/scaling")
+  parser.add_argument("--parts", default="model,measured,accuracy,sc17")
+  parser.add_argument("--out", default="docs", help="where the table and the plot go")
+  args = parser.parse_args()
+  parts = set(args.parts.split(","))
+  unknown = parts - {"model", "measured", "accuracy", "sc17"}
+  if unknown:
+    sys.exit(
+      f"error: --parts {','.join(sorted(unknown))} unknown; valid: model, measured, accuracy, sc17"
+    )
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  logging.getLogger("absl").setLevel(logging.WARNING)
+  command = "python studies/scaling.py " + " ".join(sys.argv[1:])
+  lines = [f"Made by `{command}`.", ""]
+  table = model_scaling() if "model" in parts else {}
+  if "measured" in parts:
+    measured = measured_scaling()
+    table.update({key: value for key, value in measured.items() if key != "images_per_sec"})
+  for mode in ("weak", "strong"):
+    if any(kind == mode for kind, _ in table):
+      lines += [f"## {mode.capitalize()} scaling: speed-up (efficiency)", ""]
+      lines += scaling_table(table, mode) + [""]
+  if "measured" in parts:
+    per_sec = measured["images_per_sec"]
+    lines += [
+      "Measured images/s (sync_easgd, tau 4, this machine's virtual CPU devices): weak "
+      + ", ".join(f"P={p}: {x:.0f}" for p, x in zip(MEASURED_WORKERS, per_sec["weak"], strict=True))
+      + "; strong "
+      + ", ".join(
+        f"P={p}: {x:.0f}" for p, x in zip(MEASURED_WORKERS, per_sec["strong"], strict=True)
+      )
+      + ".",
+      "",
+    ]
+  if table:
+    plot(table, os.path.join(args.out, "scaling.png"))
+  if "accuracy" in parts:
+    lines += [
+      "## Final center test accuracy on mnist5k, 300 local steps a worker",
+      "",
+      _row(["rule", *(f"P={p}" for p in WORKERS)]),
+      _row(["---"] * (len(WORKERS) + 1)),
+    ]
+    for rule_name in ACCURACY_RULES:
+      results = [final_accuracy(args.workdir, rule_name, p) for p in WORKERS]
+      cells = [
+        f"{r['eval/center_accuracy']:.3f}" if "diverged" not in r else r["diverged"]
+        for r in results
+      ]
+      lines.append(_row([rule_name, *cells]))
+    lines.append("")
+  if "sc17" in parts:
+    lines += ["## SC17's 8-GPU setting in the timing model", "", *sc17_lines(sc17()), ""]
+  path = os.path.join(args.out, "scaling_tables.md")
+  with open(path, "w") as f:
+    f.write("\n".join(lines))
+  print("\n".join(lines))
+
+
+if __name__ == "__main__":
+  main()

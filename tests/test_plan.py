@@ -1,0 +1,92 @@
+"""The planner reads memory and FLOPs from the compiled step and refuses what cannot be planned."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import default
+from easgd import plan, sharding
+from easgd.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def small_config(**cluster):
+  config = default.get_config()
+  config.workers, config.devices, config.batch_size = 2, 2, 16
+  config.moving_rate = 0.4
+  config.cluster.update(cluster)
+  return config
+
+
+def test_memory_terms_predict_another_compiled_batch():
+  config = small_config()
+  compiler = plan.StepCompiler(config, sharding.make_mesh(2))
+  memory = plan.measure_memory(compiler, 16)  # fitted on batches 8 and 16
+  # One worker a device: its 2,000 examples (28x28 uint8 and an int32 label).
+  assert memory.data == 2000 * (28 * 28 + 4)
+  # The state holds the center, one worker and their momentum-free optimizer
+  # states: at least two copies of LeNet-5's 61,706 float32 parameters.
+  assert 2 * 61_706 * 4 <= memory.state < 3 * 61_706 * 4
+  assert memory.per_example > 0
+  compiled = plan.compiled_bytes(compiler.compile(100))
+  assert memory.total(100) == pytest.approx(compiled, rel=0.01)
+
+
+def test_largest_batch_fits_one_more_does_not_and_flops_are_a_training_steps():
+  config = small_config(device_memory=20e6, device_flops=1e9)
+  found = plan.make_plan(config)
+  assert found.memory_batch < found.partition  # the memory binds, not the data
+  compiler = plan.StepCompiler(config, sharding.make_mesh(2))
+  assert plan.compiled_bytes(compiler.compile(found.largest_batch)) <= 20e6
+  assert plan.compiled_bytes(compiler.compile(found.largest_batch + 1)) > 20e6
+  assert found.checked_bytes <= 20e6
+  # LeNet-5 forward, per example, in multiply-adds x 2: conv1 28*28*6*25, conv2
+  # 10*10*16*150, dense 400*120 + 120*84 + 84*10. Training is about 3 forwards.
+  forward = 2 * (28 * 28 * 6 * 25 + 10 * 10 * 16 * 150 + 400 * 120 + 120 * 84 + 84 * 10)
+  assert found.step_flops == pytest.approx(3 * forward * config.batch_size, rel=0.2)
+  assert found.timing.compute_time == pytest.approx(found.step_flops / 1e9)
+
+
+def test_pipeline_and_zero_memory_are_refused():
+  config = small_config(device_memory=0.0)
+  with pytest.raises(ConfigError, match=r"config.cluster.device_memory=0.0 is invalid"):
+    plan.check_plannable(config)
+  config = small_config()
+  config.algorithm, config.models = "pipeline", 2
+  with pytest.raises(ConfigError, match="'pipeline' is not planned"):
+    plan.check_plannable(config)
+
+
+def _plan_cli(*overrides):
+  command = [sys.executable, "-m", "easgd.plan", "--config=configs/default.py", *overrides]
+  return subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_reports_memory_time_and_the_workers_that_pay():
+  result = _plan_cli("--config.algorithm=async_easgd", "--config.workers=4")
+  assert result.returncode == 0, result.stderr
+  out = result.stdout
+  assert "largest batch: 1000, set by the partition of 1000 examples" in out
+  assert "S1 activations" in out and "S2 state" in out and "S3 batch-independent" in out
+  assert "communication dominates from P = " in out
+  assert "parameter servers needed for 4 workers: 1" in out
+  assert out.count("\n") > 20
+
+
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
+    (["--config.cluster.device_memory=0"], "config.cluster.device_memory=0.0 is invalid"),
+    (["--config.cluster.bandwidth=0"], "config.cluster.bandwidth=0.0 is invalid: must be > 0"),
+    (["--config.cluster.device_memory=1e5"], "no batch fits in config.cluster.device_memory"),
+  ],
+)
+def test_cli_bad_input_exits_2_with_one_line(overrides, message):
+  result = _plan_cli(*overrides)
+  assert result.returncode == 2
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0]
+  assert result.stderr.rstrip().endswith(errors[0]) and result.stdout == ""
