@@ -260,11 +260,15 @@ def make_plan(config: ml_collections.ConfigDict) -> Plan:
   largest, checked = min(memory_batch, compiler.partition), None
   if memory_batch <= compiler.partition:
     # XLA's temporaries are close to linear in the batch, not exactly: compile to be sure.
-    for _ in range(4):
+    checked = compiled_bytes(compiler.compile(largest))
+    while checked > device_memory and largest > 1:
+      largest = max(1, largest - math.ceil((checked - device_memory) / memory.per_example))
       checked = compiled_bytes(compiler.compile(largest))
-      if checked <= device_memory or largest == 1:
-        break
-      largest -= max(1, math.ceil((checked - device_memory) / memory.per_example))
+    if checked > device_memory:
+      raise ConfigError(
+        f"no batch fits in config.cluster.device_memory={device_memory:.4g} bytes: the step "
+        f"compiled at batch 1 needs {checked:.4g}"
+      )
   cost = compiler.compile(config.batch_size).cost_analysis()
   per_device = config.workers // mesh.size
   step_flops = float(cost["flops"]) / per_device
