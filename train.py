@@ -1,15 +1,21 @@
 """Trains a CNN with a distributed SGD rule: python train.py --config configs/default.py.
 
 Config fields are overridden with --config.FIELD=VALUE; runs are written to
---workdir (TensorBoard events and checkpoints) and resumed from it.
+--workdir (TensorBoard events and checkpoints) and resumed from it. Several
+processes join one run with --coordinator_address, --num_processes and
+--process_id (or a scheduler's environment; see easgd.distributed and
+`python -m easgd.launch`). SIGTERM stops a run after its current step with a
+checkpoint (exit 0); the same command resumes it.
 """
 
 import logging as std_logging
+import os
+import sys
 
 from absl import app, flags, logging
 
-from easgd import cli, pipeline_trainer, sharding, trainer, validation
-from easgd.errors import ConfigError, TrainingDiverged
+from easgd import cli, distributed, pipeline_trainer, sharding, trainer, validation
+from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged
 
 _CONFIG = cli.define_config("configs/default.py")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Where events and checkpoints go.")
@@ -28,17 +34,34 @@ def main(argv):
   config = _CONFIG.value
   try:
     validation.validate(config)
+    processes = distributed.requested_processes()
     # Virtual CPU devices must be asked for before JAX starts its backends;
-    # they only matter where the platform is the CPU.
-    sharding.configure_cpu_devices(config.devices or min(trainer.units(config), 8))
+    # they only matter where the platform is the CPU. Each process gets an
+    # equal share of config.devices.
+    devices = config.devices or min(trainer.units(config), 8)
+    if devices % processes:
+      raise ConfigError(
+        f"config.devices={devices} is invalid: must be a multiple of the {processes} processes"
+      )
+    distributed.initialize(processes)
+    sharding.configure_cpu_devices(devices // processes)
     if config.algorithm == validation.PIPELINE:
       result = pipeline_trainer.train_and_evaluate(config, _WORKDIR.value)
     else:
       result = trainer.train_and_evaluate(config, _WORKDIR.value)
   except ConfigError as error:
     cli.fail(str(error))
+  except CheckpointUnreadable as error:
+    # The other processes may wait for this one in a collective, and a normal
+    # exit would wait for them in jax.distributed's shutdown barrier: leave
+    # at once, and they abort when its heartbeats stop.
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    os._exit(1)
   except TrainingDiverged as error:
     cli.fail(str(error), code=1)
+  if result.preempted:
+    logging.info("stopped by a preemption notice; run the same command to resume")
+    return
   logging.info(
     "done: %s",
     ", ".join(f"{tag} {value:.4g}" for tag, value in sorted(result.metrics.items())),

@@ -4,15 +4,62 @@ Each checkpoint holds the TrainState (workers, center, optimizer states,
 steps, RNG; the data order follows from RNG and the workers' step counts),
 the state of the timing model's clock, and the configuration that wrote it,
 so that a workdir is only resumed by the same run.
+
+A checkpoint also holds a fingerprint of its arrays, computed on the devices
+when it is written. Restoring recomputes it: a checkpoint that cannot be
+read (a truncated file) or whose arrays differ from what was written (a
+flipped bit) is moved to <workdir>/corrupt_checkpoints/ with a warning, and
+the one before it is tried. Orbax writes a checkpoint into a temporary
+directory and renames it when complete, so a process killed while saving
+leaves no half-written checkpoint behind.
 """
 
 import os
+import shutil
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging
+from jax import lax
+from jax.experimental import multihost_utils
 
+from easgd.errors import CheckpointUnreadable, ConfigError
 from easgd.rules import TrainState
+
+_FINGERPRINT = "fingerprint"
+
+
+def _as_uint32(x: jax.Array) -> jax.Array:
+  """The bits of `x` as uint32 words (one a 1-, 2- or 4-byte element, two an 8-byte one)."""
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  size = x.dtype.itemsize
+  if size == 8:
+    return lax.bitcast_convert_type(x, jnp.uint32)
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[size]
+  return lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+@jax.jit
+def fingerprint(tree) -> jax.Array:
+  """One uint32 a leaf: sum_k (2k + 1) w_k mod 2^32 over the leaf's words w_k.
+
+  Any single changed word changes it (the weights are odd, hence invertible
+  mod 2^32), and so does swapping two different words.
+  """
+
+  def one(leaf):
+    words = _as_uint32(leaf).ravel()
+    weights = 2 * jnp.arange(words.size, dtype=jnp.uint32) + 1
+    return jnp.sum(words * weights, dtype=jnp.uint32)
+
+  return jnp.stack([one(leaf) for leaf in jax.tree.leaves(tree)])
+
+
+def _fingerprint_list(tree) -> list[int]:
+  return [int(word) for word in jax.device_get(fingerprint(tree))]
 
 
 def directory(workdir: str) -> str:
@@ -29,22 +76,25 @@ def saved_step(workdir: str) -> int | None:
 
 
 def saved_config(workdir: str) -> dict | None:
-  """The configuration of the newest checkpoint in `workdir`, or None; writes nothing."""
+  """The configuration of the newest readable checkpoint in `workdir`, or None; writes nothing."""
   path = directory(workdir)
   if not os.path.isdir(path):
     return None
   with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False)) as manager:
-    step = manager.latest_step()
-    if step is None:
-      return None
-    restored = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
-    return dict(restored.config)
+    for step in sorted(manager.all_steps(), reverse=True):
+      try:
+        restored = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+      except Exception:  # noqa: BLE001 (a corrupt checkpoint; restore() reports it)
+        continue
+      return dict(restored.config)
+  return None
 
 
 class Checkpointer:
   """Saves and restores TrainStates."""
 
   def __init__(self, workdir: str, max_to_keep: int = 3):
+    self._workdir = os.path.abspath(workdir)
     self._manager = ocp.CheckpointManager(
       directory(workdir),
       # Synchronous saves: a checkpoint is complete on disk when save()
@@ -66,21 +116,87 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         clock=ocp.args.JsonSave(clock),
         config=ocp.args.JsonSave(config.to_dict()),
+        **{_FINGERPRINT: ocp.args.JsonSave(_fingerprint_list(state))},
       ),
     )
 
-  def restore(self, template: TrainState) -> tuple[TrainState, dict]:
-    """The newest state, laid out with the shardings of `template`, and its clock."""
+  def restore(self, template: TrainState) -> tuple[int, TrainState, dict]:
+    """The newest intact checkpoint: its step, its state laid out with the
+    shardings of `template`, and its clock. Corrupt ones are set aside.
+
+    Raises ConfigError if there are checkpoints but none is intact.
+    """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-    restored = self._manager.restore(
-      self._manager.latest_step(),
-      args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), clock=ocp.args.JsonRestore()
-      ),
+    set_aside = []
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      # Checkpoints of earlier versions have no fingerprint; they are read unchecked.
+      checked = os.path.isdir(os.path.join(directory(self._workdir), str(step), _FINGERPRINT))
+      items = {"state": ocp.args.StandardRestore(abstract), "clock": ocp.args.JsonRestore()}
+      if checked:
+        items[_FINGERPRINT] = ocp.args.JsonRestore()
+      try:
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+      except Exception as error:  # noqa: BLE001 (orbax and tensorstore raise many kinds)
+        problem = f"it cannot be read ({type(error).__name__}: {_first_line(error)})"
+        if jax.process_count() > 1:
+          # Each process reads only its own shards, so the others may have
+          # read theirs and wait in a collective: stop the run (they abort
+          # when this process's heartbeats stop), and let the rerun find
+          # the checkpoint gone.
+          where = self._set_aside(step, by_all=False)
+          raise CheckpointUnreadable(
+            f"process {jax.process_index()} could not read the checkpoint of step {step}: "
+            f"{problem}; it was moved to {where}; run the same command again to resume "
+            "from the one before"
+          ) from None
+      else:
+        # The fingerprint is the same number in every process: all agree.
+        if not checked or _fingerprint_list(restored.state) == list(restored[_FINGERPRINT]):
+          if set_aside:
+            self._manager.reload()
+          return step, restored.state, dict(restored.clock)
+        problem = "its arrays differ from the fingerprint written with them"
+      where = self._set_aside(step, by_all=True)
+      set_aside.append(step)
+      logging.warning(
+        "the checkpoint of step %d is corrupt: %s; moved to %s, trying the one before",
+        step,
+        problem,
+        where,
+      )
+    raise ConfigError(
+      f"no checkpoint in {directory(self._workdir)} is intact (steps "
+      f"{', '.join(map(str, set_aside))} were moved to {self._corrupt_dir()}); "
+      "run the command again to start afresh"
     )
-    return restored.state, dict(restored.clock)
+
+  def _corrupt_dir(self) -> str:
+    return os.path.join(self._workdir, "corrupt_checkpoints")
+
+  def _set_aside(self, step: int, by_all: bool) -> str:
+    """Moves checkpoint `step` out of the manager's directory: if `by_all`, every
+    process calls this, process 0 moves and all wait; else this process moves.
+    """
+    target = os.path.join(self._corrupt_dir(), str(step))
+    if not by_all or jax.process_index() == 0:
+      os.makedirs(self._corrupt_dir(), exist_ok=True)
+      if os.path.exists(target):
+        shutil.rmtree(target)
+      try:
+        os.replace(os.path.join(directory(self._workdir), str(step)), target)
+      except FileNotFoundError:
+        pass  # another process that could not read it moved it first
+    if by_all and jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"checkpoint {step} set aside")
+    return target
 
   def close(self) -> None:
     """Waits for pending saves to finish."""
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def _first_line(error: Exception) -> str:
+  # TensorStore's messages go on with a pointer to "full details" that says nothing here.
+  text = str(error).strip().split(". See full TensorStore details")[0]
+  return text.splitlines()[0][:200] if text else "no message"

@@ -3,6 +3,8 @@
 `mnist5k` (the default) and `digits` ship inside PyPI packages, so they work
 offline; `mnist`, `fashion_mnist` and `cifar10` are read from a TFDS data
 directory through `tfds.data_source` (random access, no TensorFlow needed).
+A TFDS training set is read lazily: a process decodes only the examples of
+the partitions its devices hold (easgd.sharding.place_partitions).
 """
 
 import dataclasses
@@ -22,8 +24,9 @@ class Dataset:
 
   Attributes:
     name: registry name.
-    train_images, test_images: uint8 [N, H, W, C].
-    train_labels, test_labels: int32 [N].
+    train_images, test_images: uint8 [N, H, W, C]; the training images may be
+      a lazy column (TFDS) that reads only the rows it is indexed with.
+    train_labels, test_labels: int32 [N], the same.
     num_classes: number of labels.
     max_value: the value of a white pixel (255, or 16 for `digits`).
     mean, std: per-channel statistics of the training images scaled to [0, 1];
@@ -102,11 +105,53 @@ def load_digits(data_dir: str) -> Dataset:
   return _make("digits", images[train], labels[train], images[test], labels[test], 10, 16)
 
 
-def _tfds_split(tfds, name: str, split: str, data_dir: str | None):
-  source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-  images = np.stack([source[i]["image"] for i in range(len(source))])
-  labels = np.array([source[i]["label"] for i in range(len(source))], np.int32)
-  return images, labels
+class _TfdsSplit:
+  """A TFDS split read by index; remembers its last read, since images and
+  labels of the same rows are asked for one after the other."""
+
+  def __init__(self, source):
+    self._source = source
+    self._last = (None, None)
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    key = (indices.shape, indices.tobytes())
+    if self._last[0] != key:
+      examples = [self._source[int(i)] for i in indices.ravel()]
+      columns = {
+        "image": np.stack([example["image"] for example in examples]).astype(np.uint8),
+        "label": np.array([example["label"] for example in examples], np.int32),
+      }
+      self._last = (key, {k: v.reshape(indices.shape + v.shape[1:]) for k, v in columns.items()})
+    return self._last[1]
+
+
+class LazyColumn:
+  """One feature of a TFDS split as a read-only array: `column[indices]`
+  (an integer array of any shape) decodes only those rows."""
+
+  def __init__(self, split: _TfdsSplit, feature: str, item_shape: tuple[int, ...], dtype):
+    self._split = split
+    self._feature = feature
+    self.shape = (len(split), *item_shape)
+    self.dtype = np.dtype(dtype)
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+  def __getitem__(self, indices) -> np.ndarray:
+    return self._split.read(np.asarray(indices, np.int64))[self._feature]
+
+
+# Per-channel mean and standard deviation of the full TFDS training sets in
+# [0, 1], so that a process that reads only its partitions normalises as all do.
+_TFDS_STATISTICS = {
+  "mnist": ((0.1307,), (0.3081,)),
+  "fashion_mnist": ((0.2860,), (0.3530,)),
+  "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
 
 
 def _tfds_loader(name: str) -> Callable[[str], Dataset]:
@@ -116,8 +161,9 @@ def _tfds_loader(name: str) -> Callable[[str], Dataset]:
     directory = os.path.expanduser(data_dir) if data_dir else None
     where = f"data_dir={data_dir!r}" if data_dir else "TFDS's default data_dir"
     try:
-      train = _tfds_split(tfds, name, "train", directory)
-      test = _tfds_split(tfds, name, "test", directory)
+      train = _TfdsSplit(tfds.data_source(name, split="train", data_dir=directory, download=False))
+      test = _TfdsSplit(tfds.data_source(name, split="test", data_dir=directory, download=False))
+      test_columns = test.read(np.arange(len(test)))
     except Exception as error:  # noqa: BLE001 (TFDS raises many kinds; all mean "not usable")
       builder = tfds.builder(name, data_dir=directory)
       if not builder.is_prepared():
@@ -130,7 +176,18 @@ def _tfds_loader(name: str) -> Callable[[str], Dataset]:
         f"--config.data_dir=DIR"
       ) from error
     num_classes = tfds.builder(name, data_dir=directory).info.features["label"].num_classes
-    return _make(name, *train, *test, num_classes, 255)
+    mean, std = _TFDS_STATISTICS[name]
+    return Dataset(
+      name=name,
+      train_images=LazyColumn(train, "image", SHAPES[name].image_shape, np.uint8),
+      train_labels=LazyColumn(train, "label", (), np.int32),
+      test_images=test_columns["image"],
+      test_labels=test_columns["label"],
+      num_classes=num_classes,
+      max_value=255.0,
+      mean=mean,
+      std=std,
+    )
 
   return load
 
@@ -170,19 +227,20 @@ def load_dataset(name: str, data_dir: str = "") -> Dataset:
   return DATASETS[name](data_dir)
 
 
-def partition(
-  images: np.ndarray, labels: np.ndarray, num_workers: int, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-  """Splits a training set into equal, disjoint, shuffled per-worker partitions.
+def partition_indices(num_examples: int, num_parts: int, seed: int) -> np.ndarray:
+  """Example indices of equal, disjoint, shuffled partitions: [num_parts, N // num_parts].
 
   The examples are shuffled once with `seed` (so that class-sorted files give
-  every worker every class), the remainder of N mod P is dropped, and the
-  result has a leading workers axis: images [P, N//P, H, W, C], labels [P, N//P].
+  every part every class) and the remainder of N mod num_parts is dropped.
   """
-  order = np.random.default_rng(seed).permutation(len(labels))
-  per_worker = len(labels) // num_workers
-  order = order[: per_worker * num_workers]
-  return (
-    images[order].reshape(num_workers, per_worker, *images.shape[1:]),
-    labels[order].reshape(num_workers, per_worker),
-  )
+  order = np.random.default_rng(seed).permutation(num_examples)
+  per_part = num_examples // num_parts
+  return order[: per_part * num_parts].reshape(num_parts, per_part)
+
+
+def partition(images, labels, num_workers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """The training set split by `partition_indices`, with a leading workers axis:
+  images [P, N//P, H, W, C], labels [P, N//P].
+  """
+  indices = partition_indices(len(labels), num_workers, seed)
+  return images[indices], labels[indices]

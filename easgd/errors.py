@@ -1,4 +1,4 @@
-"""The error type for bad user input."""
+"""The errors train.py turns into one line and an exit status."""
 
 
 class ConfigError(ValueError):
@@ -11,3 +11,8 @@ class ConfigError(ValueError):
 
 class TrainingDiverged(RuntimeError):
   """The training loss stopped being finite; train.py exits with status 1."""
+
+
+class CheckpointUnreadable(RuntimeError):
+  """A process of a multi-process run could not read its part of a checkpoint and
+  set the checkpoint aside; train.py exits with status 1 (rerun to resume)."""

@@ -71,7 +71,7 @@ class Evaluator:
 
   def worker_accuracies(self, workers) -> np.ndarray:
     """Accuracy of each model in `workers` (leading axis of P models, sharded)."""
-    return np.asarray(self._workers_fn(workers, *self._replicated)) / self._count
+    return np.asarray(sharding.fetch(self._workers_fn(workers, *self._replicated))) / self._count
 
   def center_accuracy(self, center) -> float:
     return float(self._center_fn(center, *self._split)) / self._count

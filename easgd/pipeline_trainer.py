@@ -17,7 +17,17 @@ import numpy as np
 from absl import logging
 
 import models
-from easgd import checkpoint, evaluation, metrics, pipeline, sharding, steps, trainer, validation
+from easgd import (
+  checkpoint,
+  evaluation,
+  metrics,
+  pipeline,
+  preemption,
+  sharding,
+  steps,
+  trainer,
+  validation,
+)
 
 
 def per_model_values(config: ml_collections.ConfigDict) -> dict[str, list]:
@@ -83,8 +93,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> train
   ]
   checkpointer = checkpoint.Checkpointer(workdir)
   if checkpointer.latest_step() is not None:
-    state, _ = checkpointer.restore(state)
-    logging.info("resumed from the checkpoint of step %d", checkpointer.latest_step())
+    resumed, state, _ = checkpointer.restore(state)
+    logging.info("resumed from the checkpoint of step %d", resumed)
   else:
     for m, writer in enumerate(writers):
       this_model = {"this_model": model_hparams(config, values, m)}
@@ -120,7 +130,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> train
       final[f"model_{m}/eval/center_accuracy"] = float(accuracies[m])
 
   step = int(jax.device_get(state.step))
-  slot_models = np.asarray(jax.device_get(state.model_id))  # which model is in each slot
+  slot_models = np.asarray(sharding.fetch(state.model_id))  # which model is in each slot
   pending = []  # the slot-ordered metrics of the steps not yet added to `sums`
   sums, summed_steps = np.zeros((2, num_models)), 0
   diverged: set[int] = set()
@@ -128,7 +138,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> train
 
   def add_pending() -> None:
     nonlocal sums, summed_steps
-    for fetched in jax.device_get(pending):
+    for fetched in sharding.fetch(pending):
       loss = by_model(fetched["loss"], slot_models)
       sums += (loss, by_model(fetched["accuracy"], slot_models))
       for m in np.flatnonzero(~np.isfinite(loss)):
@@ -138,6 +148,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> train
     summed_steps += len(pending)
     pending.clear()
 
+  watch = preemption.PreemptionWatch()
+  preempted = False
   resumed_at, train_seconds = time.perf_counter(), 0.0
   try:
     while step < config.total_steps:
@@ -149,7 +161,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> train
       if step % config.stage_steps == 0:
         add_pending()
         state = move(state)
-        slot_models = np.asarray(jax.device_get(state.model_id))
+        slot_models = np.asarray(sharding.fetch(state.model_id))
+      preempted = watch.should_stop(step)
       due = {
         name: trainer.due(step, every, config.total_steps)
         for name, every in (
@@ -158,6 +171,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> train
           ("save", config.checkpoint_every),
         )
       }
+      due["save"] = due["save"] or preempted
       if not any(due.values()):
         continue
       add_pending()
@@ -181,14 +195,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> train
         checkpointer.save(state, {}, config)
       for writer in writers:
         writer.flush()
+      if preempted:
+        break
       resumed_at = time.perf_counter()
-    if not final:
-      # Resumed at or past total_steps: report the state as it is.
-      evaluate(state)
-    for m, writer in enumerate(writers):
-      writer.hparams(model_hparams(config, values, m))
+    if not preempted:  # a preempted run is not over: no final evaluation or HParams yet
+      if not final:
+        # Resumed at or past total_steps: report the state as it is.
+        evaluate(state)
+      for m, writer in enumerate(writers):
+        writer.hparams(model_hparams(config, values, m))
   finally:
+    watch.close()
     checkpointer.close()
     for writer in writers:
       writer.close()
-  return trainer.TrainResult(state=state, metrics=final)
+  return trainer.TrainResult(state=state, metrics=final, preempted=preempted)

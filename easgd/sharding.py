@@ -10,10 +10,12 @@ import dataclasses
 
 import jax
 import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from easgd.data import partition
+from easgd.data import partition_indices
 from easgd.errors import ConfigError
 from easgd.rules import AXIS, TrainState
 
@@ -33,6 +35,12 @@ def make_mesh(num_devices: int) -> Mesh:
     raise ConfigError(
       f"config.devices={num_devices} is invalid: only {len(devices)} "
       f"{devices[0].platform} devices are available"
+    )
+  if jax.process_count() > 1 and num_devices != len(devices):
+    # A process without a device in the mesh would hold nothing and run nothing.
+    raise ConfigError(
+      f"config.devices={num_devices} is invalid: a run over {jax.process_count()} processes "
+      f"uses all their {len(devices)} devices (0 or {len(devices)})"
     )
   # Auto axes (not jax.make_mesh's Explicit default): shard_map and jit then
   # take the shardings we give them without sharding-in-types annotations.
@@ -83,9 +91,43 @@ def jit_shard_map(per_device, mesh: Mesh, in_specs, out_specs):
   )
 
 
-def place_partitions(mesh: Mesh, images: np.ndarray, labels: np.ndarray, parts: int, seed: int):
-  """The training set split into `parts` partitions (data.partition), placed once:
-  partition i on the device that owns row i of the `workers` axis.
+def place_partitions(mesh: Mesh, images, labels, parts: int, seed: int):
+  """The training set split into `parts` partitions (data.partition_indices), placed
+  once: partition i on the device that owns row i of the `workers` axis.
+
+  Each process reads only the rows of the partitions its own devices hold, so
+  a lazy (TFDS) training set is decoded only there.
   """
-  split_images, split_labels = partition(images, labels, parts, seed)
-  return place(mesh, split_images, P(AXIS)), place(mesh, split_labels, P(AXIS))
+  indices = partition_indices(len(labels), parts, seed)
+  sharding = NamedSharding(mesh, P(AXIS))
+  reads = {}
+  for index in sharding.addressable_devices_indices_map(indices.shape).values():
+    start, stop, _ = index[0].indices(parts)
+    reads[start, stop] = indices[start:stop]
+  logging.info(
+    "process %d reads %d of %d training partitions (%d examples)",
+    jax.process_index(),
+    sum(len(rows) for rows in reads.values()),
+    parts,
+    sum(rows.size for rows in reads.values()),
+  )
+
+  def rows(index):
+    start, stop, _ = index[0].indices(parts)
+    return reads[start, stop]
+
+  return (
+    jax.make_array_from_callback(
+      (*indices.shape, *images.shape[1:]), sharding, lambda index: images[rows(index)]
+    ),
+    jax.make_array_from_callback(indices.shape, sharding, lambda index: labels[rows(index)]),
+  )
+
+
+def fetch(tree):
+  """Host (NumPy) copies of arrays that may span several processes: every process
+  gets the whole value. A collective when several processes run: all must call it.
+  """
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)

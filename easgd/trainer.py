@@ -19,7 +19,7 @@ import numpy as np
 from absl import logging
 
 import models
-from easgd import checkpoint, cluster, evaluation, metrics, sharding, steps, validation
+from easgd import checkpoint, cluster, evaluation, metrics, preemption, sharding, steps, validation
 from easgd.algorithms import make_rule
 from easgd.data import load_dataset
 from easgd.errors import TrainingDiverged
@@ -32,8 +32,12 @@ MAX_IN_FLIGHT = 8
 
 @dataclasses.dataclass
 class TrainResult:
+  """The state at the end, the last logged metrics, and whether a preemption
+  notice (SIGTERM) stopped the run before total_steps (it then checkpointed)."""
+
   state: TrainState
   metrics: dict[str, float]
+  preempted: bool = False
 
 
 def units(config: ml_collections.ConfigDict) -> int:
@@ -209,9 +213,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   writer = metrics.MetricWriter(workdir)
   checkpointer = checkpoint.Checkpointer(workdir)
   if checkpointer.latest_step() is not None:
-    state, clock_state = checkpointer.restore(state)
+    resumed, state, clock_state = checkpointer.restore(state)
     clock.load_state_dict(clock_state)
-    logging.info("resumed from the checkpoint of step %d", checkpointer.latest_step())
+    logging.info("resumed from the checkpoint of step %d", resumed)
   else:
     writer.text("config", "```\n" + json.dumps(config.to_dict(), indent=2) + "\n```")
 
@@ -242,6 +246,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   step = int(jax.device_get(state.step))
   schedule = _Schedule(clock)
   progress = _Progress()
+  watch = preemption.PreemptionWatch()
+  preempted = False
   final: dict[str, float] = {}
   # Throughput counts training time only: evaluation and saving are left out.
   resumed_at, train_seconds = time.perf_counter(), 0.0
@@ -252,9 +258,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       schedule.add(tick)
       step += 1
       progress.push(step, step_metrics)
+      preempted = watch.should_stop(step)
       log_now = due(step, config.log_every, config.total_steps)
       eval_now = due(step, config.eval_every, config.total_steps)
-      save_now = due(step, config.checkpoint_every, config.total_steps)
+      save_now = preempted or due(step, config.checkpoint_every, config.total_steps)
       if not (log_now or eval_now or save_now):
         continue
       progress.drain()
@@ -274,17 +281,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
       if save_now:
         checkpointer.save(state, clock.state_dict(), config)
       writer.flush()
+      if preempted:
+        break
       resumed_at = time.perf_counter()
-    if not any(tag.startswith("eval/") for tag in final):
-      # Resumed at or past total_steps: report the state as it is.
-      final.update(evaluate(state))
-      writer.scalars(step, final)
-    writer.hparams(hparams_of(config))
+    if not preempted:  # a preempted run is not over: no final evaluation or HParams yet
+      if not any(tag.startswith("eval/") for tag in final):
+        # Resumed at or past total_steps: report the state as it is.
+        final.update(evaluate(state))
+        writer.scalars(step, final)
+      writer.hparams(hparams_of(config))
   except TrainingDiverged as error:
     last = checkpointer.latest_step()
     kept = f"the checkpoint of step {last} is kept" if last is not None else "no checkpoint"
     raise TrainingDiverged(f"{error}; stopped, {kept}") from None
   finally:
+    watch.close()
     checkpointer.close()
     writer.close()
-  return TrainResult(state=state, metrics=final)
+  return TrainResult(state=state, metrics=final, preempted=preempted)

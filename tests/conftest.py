@@ -27,3 +27,29 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 
 assert len(jax.devices()) == 8, jax.devices()
+
+
+import pytest  # noqa: E402
+
+from runs import small_config  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory):
+  """algorithm -> the workdir of runs.SMALL_RUN trained to the end in this process
+  (a mesh of 4 of the 8 devices). Shared by several tests: copy it before changing it.
+  """
+  from easgd import pipeline_trainer, trainer  # noqa: PLC0415 (after the devices are set)
+
+  done = {}
+
+  def run(algorithm: str):
+    if algorithm not in done:
+      workdir = tmp_path_factory.mktemp(f"small_{algorithm}")
+      train = pipeline_trainer if algorithm == "pipeline" else trainer
+      result = train.train_and_evaluate(small_config(algorithm=algorithm), str(workdir))
+      assert not result.preempted
+      done[algorithm] = workdir
+    return done[algorithm]
+
+  return run

@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from configs import default
 from easgd import trainer
+from runs import small_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAGS = {
@@ -123,20 +124,9 @@ def _train_cli(workdir, *overrides, wait=True):
   return subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-RESUME_RUN = (
-  "--config.workers=4",
-  "--config.moving_rate=0.2",
-  "--config.total_steps=80",
-  "--config.checkpoint_every=20",
-  "--config.eval_every=0",
-  "--config.log_every=20",
-)
-
-
 @pytest.fixture(
   scope="module",
-  params=[("sync_easgd",), ("hogwild_easgd",), ("pipeline", "--config.stage_steps=20")],
-  ids=lambda param: param[0],
+  params=["sync_easgd", "hogwild_easgd", "pipeline"],
 )
 def resumed_runs(request, tmp_path_factory):
   """An uninterrupted run, and one killed with SIGKILL after a checkpoint and resumed.
@@ -145,19 +135,18 @@ def resumed_runs(request, tmp_path_factory):
   its half-filled ticks and its requests in flight); the pipeline resumes
   its models in the slots where they were.
   """
-  algorithm, *extra = request.param
-  run = (*RESUME_RUN, f"--config.algorithm={algorithm}", *extra)
+  run = small_flags(algorithm=request.param)
   straight = tmp_path_factory.mktemp("straight")
   assert _train_cli(straight, *run).returncode == 0
   resumed = tmp_path_factory.mktemp("resumed")
   process = _train_cli(resumed, *run, wait=False)
   deadline = time.monotonic() + 120
-  while not os.path.isdir(resumed / "checkpoints" / "20") and time.monotonic() < deadline:
+  while not os.path.isdir(resumed / "checkpoints" / "10") and time.monotonic() < deadline:
     time.sleep(0.05)
   process.send_signal(signal.SIGKILL)
   assert process.wait(timeout=30) == -signal.SIGKILL
   killed_at = max(int(name) for name in os.listdir(resumed / "checkpoints") if name.isdigit())
-  assert killed_at < 80
+  assert killed_at < 40
   finished = _train_cli(resumed, *run)
   assert finished.returncode == 0, finished.stderr[-2000:]
   assert "resumed from the checkpoint of step" in finished.stderr
@@ -166,8 +155,8 @@ def resumed_runs(request, tmp_path_factory):
 
 def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs):
   straight, resumed, run = resumed_runs
-  a = ocp.PyTreeCheckpointer().restore(straight / "checkpoints" / "80" / "state")
-  b = ocp.PyTreeCheckpointer().restore(resumed / "checkpoints" / "80" / "state")
+  a = ocp.PyTreeCheckpointer().restore(straight / "checkpoints" / "40" / "state")
+  b = ocp.PyTreeCheckpointer().restore(resumed / "checkpoints" / "40" / "state")
   leaves_a, leaves_b = _leaves(a), _leaves(b)
   assert len(leaves_a) == len(leaves_b) > 10
   for x, y in zip(leaves_a, leaves_b, strict=True):
@@ -175,8 +164,8 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
   if "--config.algorithm=pipeline" in run:
     return
   # The simulated clock went on where it stopped.
-  clock_a = json.loads((straight / "checkpoints" / "80" / "clock" / "metadata").read_text())
-  clock_b = json.loads((resumed / "checkpoints" / "80" / "clock" / "metadata").read_text())
+  clock_a = json.loads((straight / "checkpoints" / "40" / "clock" / "metadata").read_text())
+  clock_b = json.loads((resumed / "checkpoints" / "40" / "clock" / "metadata").read_text())
   assert clock_a == clock_b and clock_a["time"] > 0
 
 
@@ -208,6 +197,11 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
       "config.per_model.learning_rate=(0.1, 0.2) is invalid: must be () or a tuple of",
     ),
     (["--config.weight_decay=0.1"], "only the pipeline takes weight decay"),
+    (
+      ["--num_processes=2", "--process_id=0", "--config.devices=3", "--config.workers=3"],
+      "config.devices=3 is invalid: must be a multiple of the 2 processes",
+    ),
+    (["--num_processes=2", "--process_id=2"], "--process_id=2 is invalid: must be in [0, 2)"),
   ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides, message):

@@ -1,0 +1,141 @@
+"""Starts N processes of one training command on this machine, joined by jax.distributed.
+
+    python -m easgd.launch --processes 2 -- train.py --config configs/default.py --workdir runs/x
+
+runs `python train.py ... --coordinator_address=127.0.0.1:PORT --num_processes=2
+--process_id=i` for i = 0, 1: the development stand-in for a cluster
+scheduler (SLURM's srun, mpirun), which starts one such process per host.
+Each process's output is passed through, each line prefixed with
+`[process i]`.
+
+Faults: if a process dies (a signal, or a non-zero exit), the launcher
+names it, gives the others `--grace` seconds to stop on their own (the
+survivors of a lost peer abort when its heartbeats stop, see
+easgd.distributed), kills what is left and exits non-zero. SIGTERM or
+SIGINT to the launcher is passed on to every process (a preemption: each
+finishes its step, checkpoints and exits 0).
+"""
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+_POLL_SECONDS = 0.1
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on now."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    probe.bind(("127.0.0.1", 0))
+    return probe.getsockname()[1]
+
+
+def describe(code: int) -> str:
+  """'exit status 3' or 'killed by SIGKILL' for a Popen return code."""
+  if code < 0:
+    return f"killed by {signal.Signals(-code).name}"
+  if code == 134:
+    return "exit status 134 (aborted)"
+  return f"exit status {code}"
+
+
+def _pass_through(index: int, stream) -> None:
+  for line in iter(stream.readline, b""):
+    sys.stderr.buffer.write(b"[process %d] " % index + line)
+    sys.stderr.buffer.flush()
+
+
+def _say(message: str) -> None:
+  print(f"launch: {message}", file=sys.stderr, flush=True)
+
+
+def launch(processes: int, command: list[str], port: int, grace: float) -> int:
+  """Runs `command` as `processes` processes; returns the launcher's exit status."""
+  address = f"127.0.0.1:{port or free_port()}"
+  children = []
+  for index in range(processes):
+    argv = [
+      sys.executable,
+      *command,
+      f"--coordinator_address={address}",
+      f"--num_processes={processes}",
+      f"--process_id={index}",
+    ]
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    threading.Thread(target=_pass_through, args=(index, child.stdout), daemon=True).start()
+    children.append(child)
+    _say(f"process {index} (pid {child.pid}) started, coordinator {address}")
+
+  def forward(signum, _frame):
+    _say(f"{signal.Signals(signum).name}: passing it on to every process")
+    for child in children:
+      if child.poll() is None:
+        child.send_signal(signum)
+
+  signal.signal(signal.SIGTERM, forward)
+  signal.signal(signal.SIGINT, forward)
+
+  lost_at = None
+  reported: set[int] = set()
+  while any(child.poll() is None for child in children):
+    for index, child in enumerate(children):
+      code = child.poll()
+      if code is None or code == 0 or index in reported:
+        continue
+      reported.add(index)
+      if lost_at is None:
+        lost_at = time.monotonic()
+        _say(f"process {index} (pid {child.pid}) was lost: {describe(code)}")
+        _say(f"waiting up to {grace:g} s for the other processes to stop")
+      else:
+        _say(f"process {index} stopped: {describe(code)}")
+    if lost_at is not None and time.monotonic() - lost_at > grace:
+      for index, child in enumerate(children):
+        if child.poll() is None:
+          _say(f"process {index} (pid {child.pid}) still runs; killing it")
+          child.kill()
+      break
+    time.sleep(_POLL_SECONDS)
+  codes = [child.wait() for child in children]
+  for index, code in enumerate(codes):
+    if code != 0 and index not in reported:
+      _say(f"process {index} stopped: {describe(code)}")
+  failed = [code for code in codes if code != 0]
+  if not failed:
+    return 0
+  first = failed[0]
+  return first if first > 0 else 128 - first
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+    prog="python -m easgd.launch",
+    description="Runs a training command as N jax.distributed processes on this machine.",
+  )
+  parser.add_argument("--processes", type=int, required=True, help="number of processes (>= 1)")
+  parser.add_argument("--port", type=int, default=0, help="coordinator port (0: a free one)")
+  parser.add_argument(
+    "--grace",
+    type=float,
+    default=30.0,
+    help="seconds the others get to stop on their own after one is lost",
+  )
+  parser.add_argument("command", nargs=argparse.REMAINDER, help="-- script.py [its flags]")
+  args = parser.parse_args(argv)
+  command = args.command[1:] if args.command[:1] == ["--"] else args.command
+  if args.processes < 1:
+    parser.exit(2, f"error: --processes={args.processes} is invalid: must be >= 1\n")
+  if not command:
+    parser.exit(2, "error: no command given: python -m easgd.launch --processes N -- train.py\n")
+  if not os.path.isfile(command[0]):
+    parser.exit(2, f"error: {command[0]!r} is not a file: the command is a Python script\n")
+  return launch(args.processes, command, args.port, args.grace)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

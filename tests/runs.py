@@ -1,0 +1,120 @@
+"""What the multi-process and fault tests share: one small run, as a config and as
+train.py flags, processes whose output is read while they run, and
+checkpoints read back as NumPy whatever the device layout that wrote them.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from configs import default
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# 4 workers (or models) on 4 devices, the MLP (quick to compile), 40 steps,
+# a checkpoint every 10.
+SMALL_RUN = {
+  "model": "mlp",
+  "workers": 4,
+  "models": 4,
+  "devices": 4,
+  "moving_rate": 0.2,
+  "total_steps": 40,
+  "checkpoint_every": 10,
+  "log_every": 10,
+  "eval_every": 0,
+  "stage_steps": 10,
+}
+
+
+def small_config(**overrides):
+  config = default.get_config()
+  config.update({**SMALL_RUN, **overrides})
+  return config
+
+
+def small_flags(**overrides) -> list[str]:
+  return [f"--config.{field}={value}" for field, value in {**SMALL_RUN, **overrides}.items()]
+
+
+def read_state(path) -> list[np.ndarray]:
+  """The leaves of a checkpoint's state as NumPy arrays, on any device layout."""
+  checkpointer = ocp.PyTreeCheckpointer()
+  tree = checkpointer.metadata(path).item_metadata.tree
+  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+  return [np.asarray(leaf) for leaf in jax.tree.leaves(restored)]
+
+
+def steps_saved(workdir) -> list[int]:
+  path = os.path.join(workdir, "checkpoints")
+  return sorted(int(name) for name in os.listdir(path) if name.isdigit())
+
+
+class Process:
+  """A command run from the repository, its stdout and stderr collected as it runs."""
+
+  def __init__(self, *args: str):
+    self.popen = subprocess.Popen(
+      [sys.executable, *args],
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    self._lines: list[str] = []
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+
+  def _read(self) -> None:
+    for line in self.popen.stdout:
+      self._lines.append(line)
+
+  def output(self) -> str:
+    return "".join(self._lines)
+
+  def wait_for(self, pattern: str, timeout: float) -> re.Match:
+    """The first match of `pattern` in the output; fails after `timeout` s or at exit."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      match = re.search(pattern, self.output())
+      if match:
+        return match
+      if self.popen.poll() is not None:
+        self._reader.join(timeout=5)
+        match = re.search(pattern, self.output())
+        if match:
+          return match
+        raise AssertionError(f"exited ({self.popen.returncode}) before {pattern!r}:\n{self.tail()}")
+      time.sleep(0.05)
+    raise AssertionError(f"no {pattern!r} within {timeout} s:\n{self.tail()}")
+
+  def wait(self, timeout: float) -> int:
+    """The exit status; kills the process and fails after `timeout` s."""
+    try:
+      code = self.popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      self.popen.kill()
+      self.popen.wait()
+      raise AssertionError(f"still running after {timeout} s:\n{self.tail()}") from None
+    self._reader.join(timeout=5)
+    return code
+
+  def tail(self, lines: int = 40) -> str:
+    return "".join(self._lines[-lines:])
+
+
+def train(workdir, *flags: str) -> Process:
+  return Process("train.py", f"--workdir={workdir}", *flags)
+
+
+def launch(workdir, *flags: str, processes: int = 2) -> Process:
+  command = ("-m", "easgd.launch", f"--processes={processes}", "--", "train.py")
+  return Process(*command, f"--workdir={workdir}", *flags)
