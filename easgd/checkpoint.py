@@ -15,7 +15,6 @@ leaves no half-written checkpoint behind.
 """
 
 import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -177,13 +176,17 @@ class Checkpointer:
     """Moves checkpoint `step` out of the manager's directory: if `by_all`, every
     process calls this, process 0 moves and all wait; else this process moves.
     """
+    source = os.path.join(directory(self._workdir), str(step))
     target = os.path.join(self._corrupt_dir(), str(step))
     if not by_all or jax.process_index() == 0:
       os.makedirs(self._corrupt_dir(), exist_ok=True)
-      if os.path.exists(target):
-        shutil.rmtree(target)
+      # A step set aside before (and trained again since) keeps its copy.
+      copies = 1
+      while os.path.exists(target) and os.path.exists(source):
+        target = os.path.join(self._corrupt_dir(), f"{step}.{copies}")
+        copies += 1
       try:
-        os.replace(os.path.join(directory(self._workdir), str(step)), target)
+        os.rename(source, target)
       except FileNotFoundError:
         pass  # another process that could not read it moved it first
     if by_all and jax.process_count() > 1:

@@ -35,6 +35,14 @@ def config_with(**overrides):
     ({"batch_size": 0}, r"config.batch_size=0 .*>= 1"),
     ({"total_steps": 0}, r"config.total_steps=0 .*>= 1"),
     ({"workers": 0}, r"config.workers=0 .*>= 1"),
+    (
+      {"algorithm": "pipeline", "models": 6, "devices": 4},
+      r"config.devices=4 is invalid: must divide config.models=6",
+    ),
+    (
+      {"algorithm": "pipeline", "per_model": {"learning_rate": (0.1, 0.2)}},
+      r"config.per_model.learning_rate=\(0.1, 0.2\) is invalid: must be \(\) or a tuple of",
+    ),
   ],
 )
 def test_bad_fields_are_named_with_their_valid_range(overrides, message):
