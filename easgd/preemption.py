@@ -23,7 +23,9 @@ class PreemptionWatch:
   def __init__(self):
     self._noticed = False
     self._previous = None
-    if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+    # Asked after every step: the process count is looked up once.
+    self._several = jax.process_count() > 1
+    if not self._several and threading.current_thread() is threading.main_thread():
       self._previous = signal.signal(signal.SIGTERM, self._notice)
 
   def _notice(self, signum, _frame) -> None:
@@ -32,7 +34,7 @@ class PreemptionWatch:
 
   def should_stop(self, step: int) -> bool:
     """Whether to checkpoint and stop after `step`; call after every step."""
-    if jax.process_count() > 1:
+    if self._several:
       stop = multihost_utils.reached_preemption_sync_point(step)
     else:
       stop = self._noticed
