@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 
 import models  # noqa: E402
 from configs import default  # noqa: E402
-from easgd import plan, sharding, steps  # noqa: E402
+from easgd import model_state, plan, sharding, steps  # noqa: E402
 
 
 def config_for(model: str, batch_size: int):
@@ -59,7 +59,9 @@ def measure(model_name: str, batch_size: int, num_steps: int) -> dict:
   device = jax.devices()[0]
   model = models.get_model(model_name, 10)
   shape = compiler.shape
-  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, *shape.image_shape)))["params"]
+  params = model_state.model_tree(
+    model.init(jax.random.PRNGKey(0), jnp.zeros((1, *shape.image_shape)))
+  )
   state = steps.init_state(compiler.rule, params, jax.random.PRNGKey(1), mesh)
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (shape.train_examples, *shape.image_shape), dtype=np.uint8)

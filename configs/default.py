@@ -12,9 +12,10 @@ def get_config() -> ml_collections.ConfigDict:
   # sync_sgd | sync_easgd | sync_measgd | original_easgd | async_easgd | async_measgd
   # | hogwild_easgd | async_sgd | async_msgd | hogwild_sgd | downpour | pipeline
   config.algorithm = "sync_easgd"
-  config.model = "lenet5"
-  config.dataset = "mnist5k"  # mnist5k | digits | mnist | fashion_mnist | cifar10
+  config.model = "lenet5"  # lenet5 | mlp | alexnet | resnet20 | vgg11
+  config.dataset = "mnist5k"  # mnist5k | digits | mnist | fashion_mnist | cifar10 | cifar100
   config.data_dir = ""  # TFDS data_dir; "" for TFDS's default
+  config.augment = "none"  # none | crop_flip (CIFAR's pad-4 random crop and horizontal flip)
   # Workers are an array axis sharded over devices; devices must divide workers.
   config.workers = 8  # P
   config.devices = 0  # D; 0: min(workers, 8) (virtual CPU devices are created)
@@ -28,11 +29,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.moving_rate = 0.9 / 8  # alpha; beta = workers * moving_rate must be < 1
   config.n_sync = 4  # downpour: local steps between push and fetch
   config.server_optimizer = "sgd"  # downpour's master: sgd | adagrad
+  config.weight_decay = 0.0  # lambda: every gradient is g + lambda*x
+  # BatchNorm statistics (resnet20, vgg11): "averaged" into the center like the
+  # parameters, so the center is one usable model; or "local" to each worker,
+  # the center then scored with each worker's in turn (easgd/model_state.py).
+  config.batch_stats = "averaged"
   # pipeline: M models trained at once, each with SGD on one device at a time,
   # moved along the ring of devices every stage_steps steps (easgd/pipeline.py).
   config.models = 4  # M; devices must divide it
   config.stage_steps = 25  # steps on one partition before the models move
-  config.weight_decay = 0.0  # pipeline only
   # Per-model values for the pipeline: a tuple of M values, or () for the
   # value above for every model (seeds: seed + m).
   config.per_model = ml_collections.ConfigDict()

@@ -1,7 +1,7 @@
 """Datasets, loaded once on the host as uint8 image arrays.
 
 `mnist5k` (the default) and `digits` ship inside PyPI packages, so they work
-offline; `mnist`, `fashion_mnist` and `cifar10` are read from a TFDS data
+offline; `mnist`, `fashion_mnist`, `cifar10` and `cifar100` are read from a TFDS data
 directory through `tfds.data_source` (random access, no TensorFlow needed).
 A TFDS training set is read lazily: a process decodes only the examples of
 the partitions its devices hold (easgd.sharding.place_partitions).
@@ -151,6 +151,7 @@ _TFDS_STATISTICS = {
   "mnist": ((0.1307,), (0.3081,)),
   "fashion_mnist": ((0.2860,), (0.3530,)),
   "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+  "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
 
 
@@ -198,6 +199,7 @@ DATASETS: dict[str, Callable[[str], Dataset]] = {
   "mnist": _tfds_loader("mnist"),
   "fashion_mnist": _tfds_loader("fashion_mnist"),
   "cifar10": _tfds_loader("cifar10"),
+  "cifar100": _tfds_loader("cifar100"),  # the 100 fine labels
 }
 
 
@@ -217,6 +219,7 @@ SHAPES: dict[str, Shape] = {
   "mnist": Shape(60000, (28, 28, 1), 10),
   "fashion_mnist": Shape(60000, (28, 28, 1), 10),
   "cifar10": Shape(50000, (32, 32, 3), 10),
+  "cifar100": Shape(50000, (32, 32, 3), 100),
 }
 
 

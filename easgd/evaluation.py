@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from easgd import sharding
+from easgd import model_state, sharding
 from easgd.rules import AXIS
 
 # At most this many test images go through a model at once.
@@ -78,8 +78,21 @@ class Evaluator:
 
 
 @jax.jit
+def center_with_stats_of(center, workers):
+  """P copies of the center's parameters, copy i with worker i's BatchNorm
+  statistics: how the center is scored when statistics stay local."""
+  count = jax.tree.leaves(workers)[0].shape[0]
+  params = jax.tree.map(
+    lambda leaf: jnp.broadcast_to(leaf, (count, *leaf.shape)), model_state.trainable(center)
+  )
+  return model_state.with_trainable(workers, params)
+
+
+@jax.jit
 def consensus_distance(workers, center) -> jax.Array:
-  """mean_i ||x_i - x~|| / ||x~||, norms over all parameters of a model."""
+  """mean_i ||x_i - x~|| / ||x~||, norms over all parameters of a model
+  (BatchNorm statistics left out)."""
+  workers, center = model_state.trainable(workers), model_state.trainable(center)
   squared = sum(
     jnp.sum((x - c) ** 2, axis=tuple(range(1, x.ndim)))
     for x, c in zip(jax.tree.leaves(workers), jax.tree.leaves(center), strict=True)

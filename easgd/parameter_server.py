@@ -24,6 +24,12 @@ rate, G_j: gradients accumulated since worker j's last request):
     Local steps before the request are x_j <- x_j - eta*g_j(x_j),
     G_j <- G_j + g_j (Dean et al. 2012's Downpour client; with one local step
     per request the local update is overwritten by the fetch: Async SGD).
+BatchNorm statistics (easgd.model_state) are part of x_j and x~: the EASGD
+family's e moves them like the parameters, and the SGD family accumulates
+their local changes in G_j and adds them to x~ as they are (the server
+optimizer sees the parameters only). With config.batch_stats='local' they
+stay out of every request: e and the added change are zero there, and a
+fetch keeps the worker's own statistics.
 Without a lock (Hogwild) a request is split in two operations: READ at
 arrival computes the increment (e, or u) from the x~ it sees then and
 updates the worker (x_j <- x_j - e, or x_j <- snapshot + u), and WRITE adds
@@ -39,6 +45,7 @@ import optax
 from jax import lax
 
 from easgd import cluster as cluster_lib
+from easgd import model_state
 from easgd.rules import (
   AXIS,
   Rule,
@@ -96,7 +103,7 @@ class ParameterServerRule(Rule):
     workers = stack_workers(params, num_workers)
     fields = self._request_fields() + (("velocity",) if self.local_momentum else ())
     worker_opt = {field: jax.tree.map(jnp.zeros_like, workers) for field in fields}
-    center_opt = () if self.elastic else self.server_optimizer().init(params)
+    center_opt = () if self.elastic else self.server_optimizer().init(model_state.trainable(params))
     return initial_state(rng, params, center_opt, workers, worker_opt, num_workers)
 
   def worker_params(self, state):
@@ -121,11 +128,10 @@ class ParameterServerRule(Rule):
     # (Skipping idle workers with lax.cond made the step about 3x slower on CPU.)
     worker_opt = dict(state.worker_opt)
     if self.local_momentum:
-      velocity, loss, aux = momentum_update(
+      velocity, updates, loss, aux = momentum_update(
         hyper, state.workers, worker_opt["velocity"], batch, loss_fn
       )
       worker_opt["velocity"] = where(velocity, worker_opt["velocity"])
-      updates = velocity
     else:
       updates, grads, loss, aux = sgd_update(hyper, state.workers, batch, loss_fn)
     if self.elastic:
@@ -134,7 +140,9 @@ class ParameterServerRule(Rule):
       return state.workers, worker_opt, where(updates, zeros), loss, aux["accuracy"]
     workers = where(jax.tree.map(jnp.add, state.workers, updates), state.workers)
     accum = worker_opt["accum"]
-    worker_opt["accum"] = where(jax.tree.map(jnp.add, accum, grads), accum)
+    # G_j gathers the statistics' local changes beside the gradients.
+    pushed = model_state.stats_step(grads, state.workers, aux)
+    worker_opt["accum"] = where(jax.tree.map(jnp.add, accum, pushed), accum)
     return workers, worker_opt, None, loss, aux["accuracy"]
 
   def _read(self, carry, j, locked: bool):
@@ -142,17 +150,29 @@ class ParameterServerRule(Rule):
     center, center_opt, shared = carry
     if self.elastic:
       x = _index(shared["workers"], j)
-      increment = jax.tree.map(lambda xj, c: self.hyper.moving_rate * (xj - c), x, center)
+      increment = model_state.exchanged(
+        jax.tree.map(lambda xj, c: self.hyper.moving_rate * (xj - c), x, center),
+        self.hyper.average_stats,
+      )
       shared = dict(
         shared, workers=_set(shared["workers"], j, jax.tree.map(jnp.subtract, x, increment))
       )
     else:
-      increment, center_opt = self.server_optimizer().update(
-        _index(shared["accum"], j), center_opt, center
+      accum = _index(shared["accum"], j)
+      params, center_opt = self.server_optimizer().update(
+        model_state.trainable(accum), center_opt, model_state.trainable(center)
       )
+      increment = model_state.exchanged(
+        model_state.with_trainable(accum, params), self.hyper.average_stats
+      )
+      fetched = optax.apply_updates(center, increment)
+      if model_state.has_stats(fetched) and not self.hyper.average_stats:
+        fetched = dict(
+          fetched, **{model_state.STATS: _index(shared["workers"], j)[model_state.STATS]}
+        )
       shared = dict(
         shared,
-        workers=_set(shared["workers"], j, optax.apply_updates(center, increment)),
+        workers=_set(shared["workers"], j, fetched),
         accum=_set(shared["accum"], j, jax.tree.map(jnp.zeros_like, increment)),
       )
     if locked:

@@ -25,6 +25,9 @@ state (optax.inject_hyperparams), so M models of one run are a sweep:
 Model m's initial parameters come from its seed; its batches are drawn from
 (seed, stage, partition, step within the stage), a permutation of the
 partition per stage, like the workers' batches of the other rules.
+A model's BatchNorm statistics are part of its state and move with it; the
+optimizer sees its parameters only, and each step sets the statistics to
+the forward pass's s' (easgd.model_state).
 """
 
 from collections.abc import Sequence
@@ -37,7 +40,8 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from easgd import sharding, steps
+from easgd import augment as augment_lib
+from easgd import model_state, sharding, steps
 from easgd.rules import AXIS, LossFn
 
 
@@ -93,7 +97,8 @@ class Pipeline:
     models = jax.vmap(init_params)(init_keys)
 
     def init_opt(params, eta, mu, wd):
-      return self.make_optimizer(eta, mu, wd, nesterov=self.nesterov).init(params)
+      optimizer = self.make_optimizer(eta, mu, wd, nesterov=self.nesterov)
+      return optimizer.init(model_state.trainable(params))
 
     opt = jax.vmap(init_opt)(models, learning_rate, momentum, weight_decay)
     return PipelineState(
@@ -104,7 +109,15 @@ class Pipeline:
       data_key=data_keys,
     )
 
-  def local_step(self, state: PipelineState, images, labels, loss_fn: LossFn, batch_size: int):
+  def local_step(
+    self,
+    state: PipelineState,
+    images,
+    labels,
+    loss_fn: LossFn,
+    batch_size: int,
+    augment: augment_lib.Augment | None = None,
+  ):
     """One SGD step of every model on its device's partition, per device inside shard_map.
 
     images [1, n, ...] and labels [1, n] are this device's partition; the
@@ -118,9 +131,14 @@ class Pipeline:
     def one_model(params, opt_state, data_key):
       rng = jax.random.fold_in(data_key, stage)
       indices = steps.batch_indices(rng, position, device, labels.shape[0], batch_size)
-      batch = {"image": images[indices], "label": labels[indices]}
+      batch_images = images[indices]
+      if augment is not None:
+        batch_images = augment(augment_lib.batch_key(rng, device, position), batch_images)
+      batch = {"image": batch_images, "label": labels[indices]}
       (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
-      updates, opt_state = self.optimizer.update(grads, opt_state, params)
+      trainable = model_state.trainable(params)
+      updates, opt_state = self.optimizer.update(model_state.trainable(grads), opt_state, trainable)
+      updates = model_state.stats_step(model_state.with_trainable(params, updates), params, aux)
       return optax.apply_updates(params, updates), opt_state, loss, aux["accuracy"]
 
     models, opt, loss, accuracy = jax.vmap(one_model)(state.models, state.opt, state.data_key)
@@ -164,7 +182,14 @@ def init_state(pipeline: Pipeline, init_params, hypers: Sequence, mesh: Mesh) ->
   return jax.jit(init, out_shardings=shardings)(*arrays)
 
 
-def build_step(pipeline: Pipeline, loss_fn: LossFn, mesh: Mesh, state, batch_size: int):
+def build_step(
+  pipeline: Pipeline,
+  loss_fn: LossFn,
+  mesh: Mesh,
+  state,
+  batch_size: int,
+  augment: augment_lib.Augment | None = None,
+):
   """(state, images [D, n, ...], labels [D, n]) -> (state, metrics [M]): one local step.
 
   One program a step, not a loop over the stage: XLA's CPU backend runs
@@ -172,7 +197,7 @@ def build_step(pipeline: Pipeline, loss_fn: LossFn, mesh: Mesh, state, batch_siz
   """
 
   def per_device(state, images, labels):
-    return pipeline.local_step(state, images, labels, loss_fn, batch_size)
+    return pipeline.local_step(state, images, labels, loss_fn, batch_size, augment)
 
   specs = state_specs(state)
   return sharding.jit_shard_map(per_device, mesh, (specs, P(AXIS), P(AXIS)), (specs, P(AXIS)))

@@ -17,10 +17,12 @@ import numpy as np
 from absl import logging
 
 import models
+from easgd import augment as augment_lib
 from easgd import (
   checkpoint,
   evaluation,
   metrics,
+  model_state,
   pipeline,
   preemption,
   sharding,
@@ -78,7 +80,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> train
   sample = jnp.zeros((1, *dataset.train_images.shape[1:]))
 
   def init_params(key):
-    return model.init(key, sample)["params"]
+    return model_state.model_tree(model.init(key, sample))
 
   values = per_model_values(config)
   runner = pipeline.Pipeline(num_models, num_devices, config.stage_steps, config.nesterov)
@@ -106,16 +108,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> train
     mesh, dataset.train_images, dataset.train_labels, num_devices, config.seed
   )
   local_step = (
-    pipeline.build_step(runner, loss_fn, mesh, state, config.batch_size)
+    pipeline.build_step(
+      runner, loss_fn, mesh, state, config.batch_size, augment_lib.get(config.augment)
+    )
     .lower(state, train_images, train_labels)
     .compile()
   )
   move = pipeline.build_move(runner, mesh, state).lower(state).compile()
 
-  def apply_fn(params, images):
-    return model.apply({"params": params}, normalize(images))
-
-  evaluator = evaluation.Evaluator(mesh, apply_fn, dataset.test_images, dataset.test_labels)
+  evaluator = evaluation.Evaluator(
+    mesh, steps.make_apply_fn(model, normalize), dataset.test_images, dataset.test_labels
+  )
 
   def by_model(slot_values, model_id) -> np.ndarray:
     """Slot-ordered values -> model-ordered."""

@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import models
-from easgd import cli, cluster, data, sharding, sizing, steps, trainer, validation
+from easgd import cli, cluster, data, model_state, sharding, sizing, steps, trainer, validation
 from easgd.algorithms import RULES, make_rule
 from easgd.errors import ConfigError
 from easgd.parameter_server import ParameterServerRule
@@ -73,7 +73,7 @@ class StepCompiler:
     self.partition = self.shape.train_examples // config.workers
     self.model = models.get_model(config.model, self.shape.num_classes)
     images = jnp.zeros((1, *self.shape.image_shape), jnp.uint8)
-    params = jax.eval_shape(self.model.init, jax.random.PRNGKey(0), images)["params"]
+    params = model_state.model_tree(jax.eval_shape(self.model.init, jax.random.PRNGKey(0), images))
     self.model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
     self.rule = make_rule(config.algorithm, trainer.hyper_from(config))
     state = jax.eval_shape(self.rule.init, params, jax.random.PRNGKey(0))

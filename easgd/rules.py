@@ -11,7 +11,13 @@ which replaces the master of the original algorithms by a tree reduction.
 Notation (as in the papers): P workers with parameters x_i, center x~,
 learning rate eta, moving rate alpha, communication period tau, momentum mu
 (classic) or delta (Nesterov), g_i the stochastic gradient of worker i on its
-own mini-batch. `state.step` counts the steps taken so far (t).
+own mini-batch (plus lambda*x_i with weight decay lambda). `state.step`
+counts the steps taken so far (t).
+
+A model with BatchNorm is the tree {"params", "batch_stats"}; a local step
+moves its statistics to the forward pass's s' and the exchanges move them
+with the parameters or not, as `Hyper.average_stats` says
+(`easgd.model_state` has the equations).
 
 Each step also receives a `tick`: the replicated arrays of `cluster.Tick`
 that say which workers step and which requests the master serves. The
@@ -31,13 +37,15 @@ from flax import struct
 from jax import lax
 
 from easgd import cluster as cluster_lib
+from easgd import model_state
 
 AXIS = "workers"
 
 Params = Any
 Batch = Any
 Metrics = dict[str, jax.Array]
-# loss_fn(params, batch) -> (mean loss, {"accuracy": mean accuracy}) for one worker.
+# loss_fn(params, batch) -> (mean loss, {"accuracy": mean accuracy}) for one worker;
+# a model with BatchNorm also returns its updated statistics as aux["batch_stats"].
 LossFn = Callable[[Params, Batch], tuple[jax.Array, dict[str, jax.Array]]]
 # cluster.Tick.device_inputs(), or {} for the synchronous rules.
 TickInputs = dict[str, jax.Array]
@@ -83,6 +91,8 @@ class Hyper:
   moving_rate: float = 0.0
   n_sync: int = 1
   server_optimizer: str = "sgd"
+  weight_decay: float = 0.0  # lambda: g_i is the gradient of loss + (lambda/2)*|x|^2
+  average_stats: bool = True  # BatchNorm statistics: averaged into the center, or local
 
 
 def stack_workers(tree: Params, count: int) -> Params:
@@ -114,17 +124,31 @@ def _step_metrics(loss: jax.Array, aux: dict[str, jax.Array], num_workers: int) 
   }
 
 
+def decayed(hyper: Hyper, grads: Params, at: Params) -> Params:
+  """g + lambda*x on the parameters (weight decay); BatchNorm statistics untouched."""
+  if not hyper.weight_decay:
+    return grads
+  params = jax.tree.map(
+    lambda g, x: g + hyper.weight_decay * x, model_state.trainable(grads), model_state.trainable(at)
+  )
+  return model_state.with_trainable(grads, params)
+
+
 def sgd_update(hyper: Hyper, workers: Params, batch: Batch, loss_fn: LossFn):
-  """Local SGD step of the local workers: returns (u_i = -eta*g_i(x_i), g_i, loss_i, aux_i)."""
+  """Local SGD step of the local workers: returns (u_i = -eta*g_i(x_i), g_i, loss_i, aux_i);
+  u_i moves BatchNorm statistics to s'_i."""
   (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(workers, batch)
+  grads = decayed(hyper, grads, workers)
   updates = jax.tree.map(lambda g: -hyper.learning_rate * g, grads)
-  return updates, grads, loss, aux
+  return model_state.stats_step(updates, workers, aux), grads, loss, aux
 
 
 def momentum_update(hyper: Hyper, workers: Params, velocity: Params, batch: Batch, loss_fn):
-  """Local momentum step: returns (new v_i, loss_i, aux_i), where
+  """Local momentum step: returns (new v_i, u_i, loss_i, aux_i), where
   classic (mu):             v_i <- mu*v_i - eta*g_i(x_i)
   Nesterov, EAMSGD (delta): v_i <- delta*v_i - eta*g_i(x_i + delta*v_i)
+  and the step u_i = v_i, with BatchNorm statistics moved to s'_i (their
+  velocity stays zero: their gradient is).
   """
   mu, eta = hyper.momentum, hyper.learning_rate
   if hyper.nesterov:
@@ -132,8 +156,9 @@ def momentum_update(hyper: Hyper, workers: Params, velocity: Params, batch: Batc
   else:
     at = workers
   (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(at, batch)
+  grads = decayed(hyper, grads, at)
   velocity = jax.tree.map(lambda v, g: mu * v - eta * g, velocity, grads)
-  return velocity, loss, aux
+  return velocity, model_state.stats_step(velocity, workers, aux), loss, aux
 
 
 class Rule(abc.ABC):
@@ -184,6 +209,8 @@ class SyncSGD(Rule):
       momentum:  m <- mu*m + g;  x <- x - eta*m
       Nesterov:  m <- mu*m + g;  x <- x - eta*(g + mu*m)
   With P workers of batch b this equals one worker with batch P*b.
+  BatchNorm statistics are all-reduced too: s <- (1/P) sum_i s'_i (the
+  workers share one model, so they cannot keep statistics of their own).
   """
 
   name = "sync_sgd"
@@ -195,7 +222,8 @@ class SyncSGD(Rule):
     )
 
   def init(self, params, rng):
-    return initial_state(rng, params, self.optimizer.init(params), (), (), self.hyper.num_workers)
+    center_opt = self.optimizer.init(model_state.trainable(params))
+    return initial_state(rng, params, center_opt, (), (), self.hyper.num_workers)
 
   def step(self, state, batch, loss_fn, tick):
     del tick
@@ -207,11 +235,19 @@ class SyncSGD(Rule):
     (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True), in_axes=(None, 0))(
       center, batch
     )
-    mean_grad = jax.tree.map(lambda g: g / self.hyper.num_workers, _sum_over_workers(grads))
-    updates, center_opt = self.optimizer.update(mean_grad, state.center_opt, state.center)
+
+    def mean(tree):
+      return jax.tree.map(lambda leaf: leaf / self.hyper.num_workers, _sum_over_workers(tree))
+
+    params = model_state.trainable(state.center)
+    mean_grad = decayed(self.hyper, mean(model_state.trainable(grads)), params)
+    updates, center_opt = self.optimizer.update(mean_grad, state.center_opt, params)
+    center = model_state.with_trainable(state.center, optax.apply_updates(params, updates))
+    if model_state.has_stats(center):
+      center = dict(center, **{model_state.STATS: mean(aux[model_state.STATS])})
     new_state = state.replace(
       step=state.step + 1,
-      center=optax.apply_updates(state.center, updates),
+      center=center,
       center_opt=center_opt,
       worker_steps=state.worker_steps + 1,
     )
@@ -266,7 +302,9 @@ class SyncEASGD(Rule):
       return jax.tree.map(jnp.add, state.workers, updates), state.center
 
     def with_exchange():
-      distance = jax.tree.map(lambda x, c: x - c, state.workers, state.center)
+      distance = model_state.exchanged(
+        jax.tree.map(lambda x, c: x - c, state.workers, state.center), self.hyper.average_stats
+      )
       workers = jax.tree.map(lambda x, u, d: x + u - alpha * d, state.workers, updates, distance)
       center = jax.tree.map(lambda c, s: c + alpha * s, state.center, _sum_over_workers(distance))
       return workers, center
@@ -307,7 +345,7 @@ class SyncMEASGD(SyncEASGD):
     return jax.tree.map(jnp.zeros_like, workers)
 
   def _local_update(self, state, batch, loss_fn):
-    velocity, loss, aux = momentum_update(
+    velocity, updates, loss, aux = momentum_update(
       self.hyper, state.workers, state.worker_opt, batch, loss_fn
     )
-    return velocity, velocity, loss, aux
+    return updates, velocity, loss, aux

@@ -15,7 +15,8 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from easgd import sharding
+from easgd import augment as augment_lib
+from easgd import model_state, sharding
 from easgd.data import Dataset
 from easgd.rules import AXIS, LossFn, Rule, TickInputs, TrainState
 
@@ -33,15 +34,33 @@ def make_normalize(dataset: Dataset) -> Callable[[jax.Array], jax.Array]:
 
 
 def make_loss_fn(model, normalize) -> LossFn:
-  """Mean softmax cross-entropy and accuracy of one worker on one batch."""
+  """Mean softmax cross-entropy and accuracy of one worker on one batch, in
+  training mode; a model with BatchNorm also returns its new statistics."""
 
-  def loss_fn(params, batch):
-    logits = model.apply({"params": params}, normalize(batch["image"]))
+  def loss_fn(tree, batch):
+    images = normalize(batch["image"])
+    extra = {}
+    if model_state.has_stats(tree):
+      logits, updated = model.apply(
+        model_state.variables(tree), images, train=True, mutable=[model_state.STATS]
+      )
+      extra[model_state.STATS] = updated[model_state.STATS]
+    else:
+      logits = model.apply({"params": tree}, images, train=True)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
     accuracy = (logits.argmax(-1) == batch["label"]).mean()
-    return loss, {"accuracy": accuracy}
+    return loss, {"accuracy": accuracy, **extra}
 
   return loss_fn
+
+
+def make_apply_fn(model, normalize) -> Callable:
+  """(model tree, uint8 images) -> logits, in evaluation mode."""
+
+  def apply_fn(tree, images):
+    return model.apply(model_state.variables(tree), normalize(images))
+
+  return apply_fn
 
 
 def batch_indices(rng: jax.Array, step: jax.Array, worker: jax.Array, size: int, batch_size: int):
@@ -58,8 +77,11 @@ def batch_indices(rng: jax.Array, step: jax.Array, worker: jax.Array, size: int,
   return lax.dynamic_slice_in_dim(permutation, position * batch_size, batch_size)
 
 
-def sample_local_batches(images, labels, rng, worker_steps, batch_size: int):
-  """Per device: one batch for each local worker from its own partition.
+def sample_local_batches(
+  images, labels, rng, worker_steps, batch_size: int, augment: augment_lib.Augment | None = None
+):
+  """Per device: one batch for each local worker from its own partition,
+  augmented if `augment` is given.
 
   Args:
     images: this device's partitions, [P/D, n, H, W, C].
@@ -67,6 +89,7 @@ def sample_local_batches(images, labels, rng, worker_steps, batch_size: int):
     rng: the state's key.
     worker_steps: the local workers' step counts, [P/D].
     batch_size: examples per worker.
+    augment: (key, images) -> images, or None.
   """
   local_workers, size = labels.shape
   first = lax.axis_index(AXIS) * local_workers
@@ -74,7 +97,10 @@ def sample_local_batches(images, labels, rng, worker_steps, batch_size: int):
 
   def one_worker(worker, step, worker_images, worker_labels):
     indices = batch_indices(rng, step, worker, size, batch_size)
-    return {"image": worker_images[indices], "label": worker_labels[indices]}
+    batch_images = worker_images[indices]
+    if augment is not None:
+      batch_images = augment(augment_lib.batch_key(rng, worker, step), batch_images)
+    return {"image": batch_images, "label": worker_labels[indices]}
 
   return jax.vmap(one_worker)(workers, worker_steps, images, labels)
 
@@ -101,15 +127,22 @@ def build_rule_step(rule: Rule, loss_fn: LossFn, mesh: Mesh, state: TrainState):
   return _compile(per_device, mesh, state, 1)
 
 
-def build_train_step(rule: Rule, loss_fn: LossFn, mesh: Mesh, state: TrainState, batch_size: int):
-  """(state, images, labels, tick) -> (state, metrics), drawing batches on device.
+def build_train_step(
+  rule: Rule,
+  loss_fn: LossFn,
+  mesh: Mesh,
+  state: TrainState,
+  batch_size: int,
+  augment: augment_lib.Augment | None = None,
+):
+  """(state, images, labels, tick) -> (state, metrics), drawing (and augmenting) batches on device.
 
   images [P, n, H, W, C] and labels [P, n] are the resident partitions; the
   tick is `rule.tick_inputs(...)` of the rule's clock.
   """
 
   def per_device(state, images, labels, tick: TickInputs):
-    batch = sample_local_batches(images, labels, state.rng, state.worker_steps, batch_size)
+    batch = sample_local_batches(images, labels, state.rng, state.worker_steps, batch_size, augment)
     return rule.step(state, batch, loss_fn, tick)
 
   return _compile(per_device, mesh, state, 2)

@@ -19,7 +19,18 @@ import numpy as np
 from absl import logging
 
 import models
-from easgd import checkpoint, cluster, evaluation, metrics, preemption, sharding, steps, validation
+from easgd import augment as augment_lib
+from easgd import (
+  checkpoint,
+  cluster,
+  evaluation,
+  metrics,
+  model_state,
+  preemption,
+  sharding,
+  steps,
+  validation,
+)
 from easgd.algorithms import make_rule
 from easgd.data import load_dataset
 from easgd.errors import TrainingDiverged
@@ -63,6 +74,8 @@ def hyper_from(config: ml_collections.ConfigDict) -> Hyper:
     moving_rate=config.moving_rate,
     n_sync=config.n_sync,
     server_optimizer=config.server_optimizer,
+    weight_decay=config.weight_decay,
+    average_stats=config.batch_stats == "averaged",
   )
 
 
@@ -154,7 +167,7 @@ class _Schedule:
 # Config fields that say how a run reports or where it runs, not what it trains.
 _NOT_HPARAMS = frozenset(
   {"log_every", "eval_every", "checkpoint_every", "devices", "data_dir"}
-  | {"models", "stage_steps", "weight_decay"}  # the pipeline's
+  | {"models", "stage_steps"}  # the pipeline's
   | {"cluster.device_memory", "cluster.device_flops"}  # the planner's
 )
 
@@ -203,7 +216,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   loss_fn = steps.make_loss_fn(model, normalize)
   rng = jax.random.PRNGKey(config.seed)
   init_rng, run_rng = jax.random.split(rng)
-  params = jax.jit(model.init)(init_rng, jnp.zeros((1, *dataset.train_images.shape[1:])))["params"]
+  params = model_state.model_tree(
+    jax.jit(model.init)(init_rng, jnp.zeros((1, *dataset.train_images.shape[1:])))
+  )
   rule = make_rule(config.algorithm, hyper_from(config))
   state = steps.init_state(rule, params, run_rng, mesh)
   model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
@@ -225,20 +240,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   )
 
   train_step = (
-    steps.build_train_step(rule, loss_fn, mesh, state, config.batch_size)
+    steps.build_train_step(
+      rule, loss_fn, mesh, state, config.batch_size, augment_lib.get(config.augment)
+    )
     .lower(state, train_images, train_labels, rule.tick_inputs(cluster.Tick.empty(num_workers)))
     .compile()
   )
 
-  def apply_fn(params, images):
-    return model.apply({"params": params}, normalize(images))
-
-  evaluator = evaluation.Evaluator(mesh, apply_fn, dataset.test_images, dataset.test_labels)
+  evaluator = evaluation.Evaluator(
+    mesh, steps.make_apply_fn(model, normalize), dataset.test_images, dataset.test_labels
+  )
 
   def evaluate(state: TrainState) -> dict[str, float]:
     workers = rule.worker_params(state)
+    if model_state.has_stats(state.center) and config.batch_stats == "local":
+      # The center has no statistics of its own: it is scored with each
+      # worker's in turn, and the mean is reported.
+      center = float(
+        evaluator.worker_accuracies(evaluation.center_with_stats_of(state.center, workers)).mean()
+      )
+    else:
+      center = evaluator.center_accuracy(state.center)
     return {
-      "eval/center_accuracy": evaluator.center_accuracy(state.center),
+      "eval/center_accuracy": center,
       "eval/worker_accuracy": float(evaluator.worker_accuracies(workers).mean()),
       "eval/consensus_distance": float(evaluation.consensus_distance(workers, state.center)),
     }

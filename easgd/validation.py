@@ -4,6 +4,7 @@ import json
 
 import ml_collections
 
+from easgd import augment
 from easgd.algorithms import (
   ELASTIC_RULES,
   MOMENTUM_RULES,
@@ -14,7 +15,8 @@ from easgd.algorithms import (
 from easgd.cluster import ALLREDUCES
 from easgd.data import DATASETS
 from easgd.errors import ConfigError
-from models import MODELS
+from easgd.model_state import BATCH_STATS_CHOICES
+from models import BATCH_NORM_MODELS, MODELS
 
 # Rules whose momentum step may be Nesterov's.
 NESTEROV_RULES = frozenset({"sync_sgd", "sync_measgd", "async_measgd"})
@@ -64,6 +66,20 @@ def validate(config: ml_collections.ConfigDict) -> None:
       "must be an integer >= 0 (0: only at the end)",
     )
   _require(_is_int(config.seed), "seed", config.seed, "must be an integer")
+  _require(config.weight_decay >= 0, "weight_decay", config.weight_decay, "must be >= 0")
+  _require(
+    config.batch_stats in BATCH_STATS_CHOICES,
+    "batch_stats",
+    config.batch_stats,
+    f"valid: {', '.join(BATCH_STATS_CHOICES)} (BatchNorm statistics: "
+    "averaged into the center like parameters, or kept by each worker)",
+  )
+  _require(
+    config.augment in augment.CHOICES,
+    "augment",
+    config.augment,
+    f"valid: {', '.join(augment.CHOICES)}",
+  )
   if config.algorithm == PIPELINE:
     _validate_pipeline(config)
   else:
@@ -95,7 +111,6 @@ def _validate_pipeline(config: ml_collections.ConfigDict) -> None:
     stage_steps,
     "must be an integer >= 1 (steps on one partition before the models move)",
   )
-  _require(config.weight_decay >= 0, "weight_decay", config.weight_decay, "must be >= 0")
   for field in PER_MODEL_FIELDS:
     values = config.per_model[field]
     _require(
@@ -171,10 +186,15 @@ def _validate_rule(config: ml_collections.ConfigDict) -> None:
       f"i.e. moving_rate < {1 / workers:g}",
     )
   _require(
-    config.weight_decay == 0,
-    "weight_decay",
-    config.weight_decay,
-    "only the pipeline takes weight decay (0 for the other rules)",
+    not (
+      algorithm == "sync_sgd"
+      and config.batch_stats == "local"
+      and config.model in BATCH_NORM_MODELS
+    ),
+    "batch_stats",
+    config.batch_stats,
+    f"sync_sgd's workers share one model, so {config.model}'s BatchNorm statistics "
+    "are averaged ('averaged'); 'local' needs a rule whose workers have models of their own",
   )
   for field in PER_MODEL_FIELDS:
     values = config.per_model[field]

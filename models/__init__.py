@@ -1,17 +1,31 @@
-"""Model registry: CNNs are chosen by name with `config.model`."""
+"""Model registry: CNNs are chosen by name with `config.model`.
+
+Every model is called as `model.apply(variables, images, train=...)`; those
+with BatchNorm also return their updated statistics when `train` is True and
+`mutable=["batch_stats"]` is asked for.
+"""
 
 from collections.abc import Callable
 
 import flax.linen as nn
 
+from models.alexnet import AlexNet
 from models.lenet import LeNet5
 from models.mlp import MLP
+from models.resnet import ResNet
+from models.vgg import VGG
 
 # name -> constructor taking the number of classes.
 MODELS: dict[str, Callable[[int], nn.Module]] = {
   "lenet5": lambda num_classes: LeNet5(num_classes=num_classes),
   "mlp": lambda num_classes: MLP(num_classes=num_classes),
+  "alexnet": lambda num_classes: AlexNet(num_classes=num_classes),
+  "resnet20": lambda num_classes: ResNet(num_classes=num_classes, blocks_per_stage=3),
+  "vgg11": lambda num_classes: VGG(num_classes=num_classes),
 }
+
+# Models with BatchNorm, whose trees carry running statistics (config.batch_stats).
+BATCH_NORM_MODELS = frozenset({"resnet20", "vgg11"})
 
 
 def get_model(name: str, num_classes: int) -> nn.Module:

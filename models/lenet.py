@@ -3,6 +3,8 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.layers import pad_to
+
 # LeNet-5 was designed for 32x32 inputs; smaller images are zero-padded up to
 # it so that the network (and its 61,706 parameters on one channel) is the
 # same for MNIST (28x28), scikit-learn's digits (8x8) and CIFAR (32x32).
@@ -19,14 +21,10 @@ class LeNet5(nn.Module):
   num_classes: int = 10
 
   @nn.compact
-  def __call__(self, images: jnp.ndarray) -> jnp.ndarray:
+  def __call__(self, images: jnp.ndarray, train: bool = False) -> jnp.ndarray:
     """Maps images [batch, height, width, channels] to logits [batch, classes]."""
-    pad_h = max(0, _INPUT_SIDE - images.shape[1])
-    pad_w = max(0, _INPUT_SIDE - images.shape[2])
-    x = jnp.pad(
-      images,
-      ((0, 0), (pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2), (0, 0)),
-    )
+    del train  # no layer behaves differently in training
+    x = pad_to(images, _INPUT_SIDE)
     x = nn.relu(nn.Conv(6, (5, 5), padding="VALID", name="conv1")(x))
     x = nn.max_pool(x, (2, 2), strides=(2, 2))
     x = nn.relu(nn.Conv(16, (5, 5), padding="VALID", name="conv2")(x))

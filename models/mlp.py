@@ -15,8 +15,9 @@ class MLP(nn.Module):
   hidden: tuple[int, ...] = (512, 256)
 
   @nn.compact
-  def __call__(self, images: jnp.ndarray) -> jnp.ndarray:
+  def __call__(self, images: jnp.ndarray, train: bool = False) -> jnp.ndarray:
     """Maps images [batch, height, width, channels] to logits [batch, classes]."""
+    del train  # no layer behaves differently in training
     x = images.reshape((images.shape[0], -1))
     for index, width in enumerate(self.hidden):
       x = nn.relu(nn.Dense(width, name=f"fc{index + 1}")(x))

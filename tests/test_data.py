@@ -57,7 +57,7 @@ def test_known_shapes_match_the_loaded_dataset(name):
   assert ds.train_images.shape[1:] == shape.image_shape and ds.num_classes == shape.num_classes
 
 
-@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10"])
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10", "cifar100"])
 def test_known_shapes_match_tfds(name):
   with tfds.testing.mock_data(num_examples=4):
     ds = data.load_dataset(name)
@@ -74,5 +74,7 @@ def test_absent_tfds_dataset_fails_fast_and_says_how_to_get_it(tmp_path):
 
 
 def test_unknown_dataset_lists_the_valid_names():
-  with pytest.raises(ConfigError, match="valid: cifar10, digits, fashion_mnist, mnist, mnist5k"):
+  with pytest.raises(
+    ConfigError, match="valid: cifar10, cifar100, digits, fashion_mnist, mnist, mnist5k"
+  ):
     data.load_dataset("imagenet")

@@ -56,7 +56,7 @@ def test_eight_workers_give_the_same_result_on_8_2_and_1_devices(algorithm, step
   # all-reduce, shows that from its second step on LeNet-5. The rule tests
   # check longer runs on a smooth model.) Tests 8 workers on the MLP.
   reference, reference_metrics = _train(8, algorithm, steps_count)
-  for num_devices in (2, 1):  # 1 and 4 workers a device
+  for num_devices in (1,):  # 1 and 8 workers a device (test_rules covers 4 a device)
     state, metrics = _train(num_devices, algorithm, steps_count)
     for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(state), strict=True):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

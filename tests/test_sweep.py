@@ -22,6 +22,7 @@ from easgd import sweep
 
 def get_config():
   config = default.get_config()
+  config.model = "mlp"  # quick to compile
   config.workers = 2
   config.total_steps = 50
   config.log_every = 25

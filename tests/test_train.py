@@ -180,7 +180,7 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
       ["--config.algorithm=pipeline", "--config.stage_steps=0"],
       "config.stage_steps=0 is invalid: must be an integer >= 1",
     ),
-    (["--config.weight_decay=0.1"], "only the pipeline takes weight decay"),
+    (["--config.batch_stats=mean"], "config.batch_stats='mean' is invalid: valid: averaged, local"),
     (
       ["--num_processes=2", "--process_id=0", "--config.devices=3", "--config.workers=3"],
       "config.devices=3 is invalid: must be a multiple of the 2 processes",

@@ -17,8 +17,8 @@ def config_with(**overrides):
   "overrides,message",
   [
     ({"algorithm": "easgd"}, r"config.algorithm='easgd' .*valid: async_easgd, .*sync_sgd"),
-    ({"model": "resnet"}, r"config.model='resnet' .*valid: lenet5"),
-    ({"dataset": "svhn"}, r"config.dataset='svhn' .*valid: cifar10, digits"),
+    ({"model": "resnet"}, r"config.model='resnet' .*valid: alexnet, lenet5"),
+    ({"dataset": "svhn"}, r"config.dataset='svhn' .*valid: cifar10, cifar100, digits"),
     ({"workers": 8, "devices": 3}, r"config.devices=3 .*must divide config.workers=8"),
     ({"comm_period": 0}, r"config.comm_period=0 .*integer >= 1"),
     ({"moving_rate": 0.0}, r"config.moving_rate=0.0 .*\(0, 1\)"),
