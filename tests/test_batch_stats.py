@@ -215,8 +215,14 @@ UNEQUAL = cluster.Cluster(
 WITH_WORKERS = sorted(set(algorithms.RULES) - {"sync_sgd"})
 
 
-@pytest.mark.parametrize("name", WITH_WORKERS)
-@pytest.mark.parametrize("average_stats", [False, True])
+# Every rule with statistics kept local (checked exactly), and averaged for one
+# rule of each kind of exchange (elastic, momentum, pushed gradients, unlocked).
+CASES = [(name, False) for name in WITH_WORKERS] + [
+  (name, True) for name in ("sync_measgd", "async_easgd", "downpour", "hogwild_sgd")
+]
+
+
+@pytest.mark.parametrize("name,average_stats", CASES)
 def test_every_rule_keeps_or_averages_statistics(name, average_stats):
   """local: worker i's statistics are the running average over its own batches
   alone, whatever the rule exchanges; averaged: they reach the center."""

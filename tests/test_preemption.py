@@ -23,7 +23,9 @@ def _sigterm_at_first_log(monkeypatch):
   monkeypatch.setattr(metrics.MetricWriter, "scalars", scalars_then_sigterm)
 
 
-@pytest.mark.parametrize("algorithm", ["sync_easgd", "pipeline"])
+# hogwild_easgd resumes the timing model's simulation too (its event queue, its
+# half-filled ticks and its requests in flight); the pipeline its models' slots.
+@pytest.mark.parametrize("algorithm", ["sync_easgd", "hogwild_easgd", "pipeline"])
 def test_preempted_run_resumes_bitwise(tmp_path, monkeypatch, small_run, algorithm):
   train_and_evaluate = (
     pipeline_trainer.train_and_evaluate if algorithm == "pipeline" else trainer.train_and_evaluate

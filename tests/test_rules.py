@@ -129,3 +129,28 @@ def test_tiny_moving_rate_and_huge_period_leave_the_center_alone():
 def test_make_rule_names_the_valid_rules():
   with pytest.raises(KeyError, match="sync_easgd, sync_measgd, sync_sgd"):
     algorithms.make_rule("easgd", rules.Hyper(8, 0.1))
+
+
+@pytest.mark.parametrize("name", ["sync_sgd", "sync_easgd", "sync_measgd"])
+def test_weight_decay_adds_lambda_x_to_every_gradient(name):
+  """The equations with g_i(x) + lambda*x in place of g_i(x)."""
+  decay = 0.3
+  x0, batches = make_problem(num_workers=4)
+  mu = MU if name == "sync_measgd" else 0.0
+  hyper = rules.Hyper(4, ETA, momentum=mu, moving_rate=ALPHA, comm_period=2, weight_decay=decay)
+  actual = run_rule(name, hyper, x0, batches, 2)
+
+  def decayed_grad(params, batch):
+    return {k: g + decay * params[k] for k, g in numpy_grad(params, batch).items()}
+
+  worker_batches = [per_worker(b) for b in batches]
+  if name == "sync_sgd":
+    expected = numpy_reference.sync_sgd(x0, worker_batches, decayed_grad, ETA)
+    centers = expected
+  else:
+    expected = numpy_reference.sync_easgd(
+      x0, worker_batches, decayed_grad, ETA, ALPHA, 2, mu=mu or None
+    )
+    centers = [center for _, center in expected]
+  for state, center in zip(actual, centers, strict=True):
+    assert_close(state.center, center)

@@ -126,14 +126,13 @@ def _train_cli(workdir, *overrides, wait=True):
 
 @pytest.fixture(
   scope="module",
-  params=["sync_easgd", "hogwild_easgd", "pipeline"],
+  params=["sync_easgd", "pipeline"],
 )
 def resumed_runs(request, tmp_path_factory):
   """An uninterrupted run, and one killed with SIGKILL after a checkpoint and resumed.
 
-  hogwild_easgd resumes the timing model's simulation too (its event queue,
-  its half-filled ticks and its requests in flight); the pipeline resumes
-  its models in the slots where they were.
+  The pipeline resumes its models in the slots where they were; the
+  asynchronous rules' clocks are resumed in test_preemption.py.
   """
   run = small_flags(algorithm=request.param)
   straight = tmp_path_factory.mktemp("straight")
