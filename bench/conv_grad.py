@@ -4,12 +4,18 @@ forward, input gradient (dx) and filter gradient (dw), batch 128.
     python bench/conv_grad.py
 
 Each layer is the same 0.6 GFLOP in all three directions; XLA:CPU's times
-for them show which direction is slow.
+for them show which direction is slow. The last two columns compute the
+filter gradient as matrix products instead, to see whether that is faster:
+  slices  dw[a, b] = sum over n, i, j of x_pad[n, i + a, j + b]^T dy[n, i, j],
+          nine (C x NHW) @ (NHW x C) products, one per kernel offset;
+  im2col  the nine shifted copies concatenated into patches [NHW, 9C], then
+          one patches^T @ dy.
 """
 
 import time
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 
@@ -26,8 +32,27 @@ def conv(x, w):
   return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
+def _shifted(x, size):
+  """The 9 copies of x (zero-padded by 1) shifted by each 3x3 kernel offset, as [N, H, W, C]."""
+  padded = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+  return [padded[:, a : a + size, b : b + size, :] for a in range(3) for b in range(3)]
+
+
+def dw_slices(x, dy):
+  size = x.shape[1]
+  products = [jnp.einsum("nijc,nijd->cd", s, dy) for s in _shifted(x, size)]
+  return jnp.stack(products).reshape(3, 3, x.shape[3], dy.shape[3])
+
+
+def dw_im2col(x, dy):
+  size = x.shape[1]
+  patches = jnp.concatenate(_shifted(x, size), axis=3).reshape(-1, 9 * x.shape[3])
+  return (patches.T @ dy.reshape(-1, dy.shape[3])).reshape(3, 3, x.shape[3], dy.shape[3])
+
+
 def main():
-  print(f"{'layer':>22} {'GFLOP':>6} {'forward':>9} {'dx':>9} {'dw':>9}")
+  columns = ("forward", "dx", "dw", "slices", "im2col")
+  print(f"{'layer':>22} {'GFLOP':>6} " + " ".join(f"{c:>9}" for c in columns))
   for channels, side in ((16, 32), (32, 16), (64, 8)):
     x = jax.random.normal(jax.random.PRNGKey(0), (128, side, side, channels))
     w = jax.random.normal(jax.random.PRNGKey(1), (3, 3, channels, channels))
@@ -36,6 +61,14 @@ def main():
     dw = jax.jit(jax.grad(lambda x, w: conv(x, w).sum(), 1))
     gflop = 2 * 128 * side * side * 9 * channels * channels / 1e9
     times = [_milliseconds(fn, x, w) for fn in (forward, dx, dw)]
+    dy = jax.random.normal(jax.random.PRNGKey(2), x.shape)
+    expected = jax.vjp(lambda w, x=x: conv(x, w), w)[1](dy)[0]
+    for variant in (dw_slices, dw_im2col):
+      compiled = jax.jit(variant)
+      # The rewrite must compute the same gradient before its time means anything.
+      error = float(jnp.abs(compiled(x, dy) - expected).max() / jnp.abs(expected).max())
+      assert error < 1e-4, (variant.__name__, error)
+      times.append(_milliseconds(compiled, x, dy))
     cells = " ".join(f"{t:7.1f}ms" for t in times)
     print(f"{f'{channels}@{side}x{side}, 3x3':>22} {gflop:6.2f} {cells}")
 

@@ -49,6 +49,12 @@ def batch_key(rng: jax.Array, worker: jax.Array, step: jax.Array) -> jax.Array:
 Augment = Callable[[jax.Array, jax.Array], jax.Array]  # (key, images) -> images
 
 
+def apply(augment: Augment | None, rng: jax.Array, worker, step, images: jax.Array) -> jax.Array:
+  """`images` of one worker's batch at its local step `step`, augmented if
+  `augment` is given, with that batch's key."""
+  return images if augment is None else augment(batch_key(rng, worker, step), images)
+
+
 def get(name: str) -> Augment | None:
   """The augmentation called `name` (one of CHOICES); None for "none"."""
   if name not in CHOICES:

@@ -131,9 +131,7 @@ class Pipeline:
     def one_model(params, opt_state, data_key):
       rng = jax.random.fold_in(data_key, stage)
       indices = steps.batch_indices(rng, position, device, labels.shape[0], batch_size)
-      batch_images = images[indices]
-      if augment is not None:
-        batch_images = augment(augment_lib.batch_key(rng, device, position), batch_images)
+      batch_images = augment_lib.apply(augment, rng, device, position, images[indices])
       batch = {"image": batch_images, "label": labels[indices]}
       (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
       trainable = model_state.trainable(params)

@@ -97,9 +97,7 @@ def sample_local_batches(
 
   def one_worker(worker, step, worker_images, worker_labels):
     indices = batch_indices(rng, step, worker, size, batch_size)
-    batch_images = worker_images[indices]
-    if augment is not None:
-      batch_images = augment(augment_lib.batch_key(rng, worker, step), batch_images)
+    batch_images = augment_lib.apply(augment, rng, worker, step, worker_images[indices])
     return {"image": batch_images, "label": worker_labels[indices]}
 
   return jax.vmap(one_worker)(workers, worker_steps, images, labels)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from easgd import algorithms, cluster, model_state, rules, sharding, steps
+from easgd import algorithms, cluster, evaluation, model_state, rules, sharding, steps
 from easgd.rules import AXIS
 
 FEATURES, CLASSES, BATCH = 6, 3, 8
@@ -271,8 +271,6 @@ def test_statistics_are_left_out_of_the_consensus_distance():
   shifted = dict(
     workers, batch_stats=jax.tree.map(lambda leaf: leaf + 100.0, workers["batch_stats"])
   )
-  from easgd import evaluation  # noqa: PLC0415
-
   assert float(evaluation.consensus_distance(shifted, tree)) == 0.0
   assert model_state.has_stats(tree) and not model_state.has_stats(tree["params"])
 

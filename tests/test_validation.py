@@ -1,9 +1,12 @@
 """Every bad input is named in one line with what is allowed."""
 
+import importlib
+
 import pytest
 
+import models
 from configs import default
-from easgd import validation
+from easgd import data, validation
 from easgd.errors import ConfigError
 
 
@@ -35,6 +38,12 @@ def config_with(**overrides):
     ({"batch_size": 0}, r"config.batch_size=0 .*>= 1"),
     ({"total_steps": 0}, r"config.total_steps=0 .*>= 1"),
     ({"workers": 0}, r"config.workers=0 .*>= 1"),
+    ({"augment": "mixup"}, r"config.augment='mixup' .*valid: none, crop_flip"),
+    ({"weight_decay": -0.1}, r"config.weight_decay=-0.1 .*>= 0"),
+    (
+      {"algorithm": "sync_sgd", "model": "resnet20", "batch_stats": "local"},
+      r"config.batch_stats='local' .*sync_sgd's workers share one model",
+    ),
     (
       {"algorithm": "pipeline", "models": 6, "devices": 4},
       r"config.devices=4 is invalid: must divide config.models=6",
@@ -83,6 +92,17 @@ def test_sync_sgd_ignores_the_elastic_fields():
 
 def test_default_config_is_valid():
   validation.validate(default.get_config())
+  # batch_stats only matters for models with BatchNorm.
+  validation.validate(config_with(algorithm="sync_sgd", batch_stats="local"))
+
+
+@pytest.mark.parametrize("name", ["cifar10_resnet20", "cifar10_vgg11", "cifar10_alexnet"])
+def test_cifar_configs_are_valid_and_their_batches_fit(name):
+  config = importlib.import_module(f"configs.{name}").get_config()
+  validation.validate(config)
+  shape = data.SHAPES[config.dataset]
+  validation.validate_partition(config, shape.train_examples, config.workers)
+  assert config.augment == "crop_flip" and config.model in models.MODELS
 
 
 def test_batch_must_fit_a_workers_partition():
