@@ -18,8 +18,10 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from easgd import checkpoint, cli, sweep, validation
+from easgd import cli, sweep, validation
 from easgd.errors import ConfigError
+from easgd.infra import checkpoint
+from easgd.pipeline import programs
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
@@ -49,7 +51,7 @@ def run_points(points, config, user_flags, workdir) -> list[dict]:
   for number, point in enumerate(points):
     run_dir = os.path.join(workdir, sweep.name(point))
     row = {"run": sweep.name(point), **point}
-    if _finished(run_dir, sweep.apply(config, point).total_steps):
+    if _finished(run_dir, sweep.apply(config, point).run.total_steps):
       print(f"sweep: point {number + 1}/{len(points)} {row['run']} is finished", flush=True)
       row["status"] = "done"
     else:
@@ -63,27 +65,30 @@ def run_points(points, config, user_flags, workdir) -> list[dict]:
 def pipeline_plan(points, config) -> tuple[list[str], object]:
   """The flags and the config of the one pipelined run of `points`; raises ConfigError."""
   fields = list(dict.fromkeys(field for point in points for field in point))
-  outside = [field for field in fields if field not in validation.PER_MODEL_FIELDS]
+  per_model_of = {source: field for field, source in programs.PER_MODEL_SOURCE.items()}
+  outside = [field for field in fields if field not in per_model_of]
   if outside:
     raise ConfigError(
       f"--pipeline: the sweep sets {', '.join(outside)}; a pipelined sweep can only vary "
-      f"{', '.join(validation.PER_MODEL_FIELDS)} (one model per point, same model and data)"
+      f"{', '.join(per_model_of)} (one model per point, same model and data)"
     )
   if any(set(point) != set(fields) for point in points):
     raise ConfigError("--pipeline: every sweep point must set the same fields")
-  per_model = {f"per_model.{field}": tuple(point[field] for point in points) for field in fields}
-  pipelined = sweep.apply(config, {"algorithm": "pipeline", "models": len(points)} | per_model)
+  per_model = {
+    f"pipeline.per_model.{per_model_of[field]}": tuple(point[field] for point in points)
+    for field in fields
+  }
+  models = {"algorithm": "pipeline", "pipeline.models": len(points)}
+  pipelined = sweep.apply(config, models | per_model)
   validation.validate(pipelined)
-  pipeline_flags = ["--config.algorithm=pipeline", f"--config.models={len(points)}"] + [
-    f"--config.{field}={values}" for field, values in per_model.items()
-  ]
+  pipeline_flags = [f"--config.{field}={value}" for field, value in (models | per_model).items()]
   return pipeline_flags, pipelined
 
 
 def run_pipeline(points, plan, user_flags, workdir) -> list[dict]:
   pipeline_flags, pipelined = plan
   status = "done"
-  if not _finished(workdir, pipelined.total_steps):
+  if not _finished(workdir, pipelined.run.total_steps):
     status = _status(_train(workdir, [*user_flags, *pipeline_flags]))
   return [
     {"run": f"model_{m}", **point, "status": status}

@@ -14,8 +14,9 @@ import sys
 
 from absl import app, flags, logging
 
-from easgd import cli, distributed, pipeline_trainer, sharding, trainer, validation
+from easgd import cli, schema, trainer, validation
 from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged
+from easgd.infra import distributed, sharding
 
 _CONFIG = cli.define_config("configs/default.py")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Where events and checkpoints go.")
@@ -37,18 +38,15 @@ def main(argv):
     processes = distributed.requested_processes()
     # Virtual CPU devices must be asked for before JAX starts its backends;
     # they only matter where the platform is the CPU. Each process gets an
-    # equal share of config.devices.
-    devices = config.devices or min(trainer.units(config), 8)
+    # equal share of the run's devices.
+    devices = schema.resolve_devices(config)
     if devices % processes:
       raise ConfigError(
-        f"config.devices={devices} is invalid: must be a multiple of the {processes} processes"
+        f"config.run.devices={devices} is invalid: must be a multiple of the {processes} processes"
       )
     distributed.initialize(processes)
     sharding.configure_cpu_devices(devices // processes)
-    if config.algorithm == validation.PIPELINE:
-      result = pipeline_trainer.train_and_evaluate(config, _WORKDIR.value)
-    else:
-      result = trainer.train_and_evaluate(config, _WORKDIR.value)
+    result = trainer.train_and_evaluate(config, _WORKDIR.value)
   except ConfigError as error:
     cli.fail(str(error))
   except CheckpointUnreadable as error:

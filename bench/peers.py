@@ -22,16 +22,13 @@ without the update, in both frameworks: where a step's time goes.
 project's requirements.
 """
 
+import argparse
+import importlib.util
 import os
-import sys
+import statistics
+import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_num_cpu_devices", 2)
 
@@ -40,9 +37,9 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-import models  # noqa: E402
-from easgd import algorithms, model_state, rules, sharding, steps  # noqa: E402
-from easgd.rules import AXIS  # noqa: E402
+from easgd import models, rules, steps  # noqa: E402
+from easgd.infra import sharding  # noqa: E402
+from easgd.rules import AXIS, model_state  # noqa: E402
 
 SHAPES = {"lenet5": (28, 28, 1), "resnet20": (32, 32, 3)}
 LEARNING_RATE = 0.1
@@ -124,7 +121,7 @@ class SyncEASGD:
     self.labels = sharding.place(mesh, labels, P(AXIS))
     tree = model_state.model_tree(model.init(jax.random.PRNGKey(0), jnp.zeros((1, *shape))))
     hyper = rules.Hyper(workers, LEARNING_RATE, comm_period=4, moving_rate=0.9 / max(workers, 2))
-    rule = algorithms.make_rule("sync_easgd", hyper)
+    rule = rules.make_rule("sync_easgd", hyper)
     self.state = steps.init_state(rule, tree, jax.random.PRNGKey(1), mesh)
     loss_fn = steps.make_loss_fn(model, lambda x: x.astype(jnp.float32) / 255.0)
     per_worker = batch_size // workers
@@ -144,13 +141,22 @@ class SyncEASGD:
     jax.block_until_ready(self.state)
 
 
+def _load_torch_models():
+  """bench/torch_models.py (it imports torch), loaded by its path beside this file."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_models.py")
+  spec = importlib.util.spec_from_file_location("torch_models", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def torch_runner(name, batch_size):
   """PyTorch's plain step on the same network, or None without torch."""
   try:
     import torch  # noqa: PLC0415 (optional)
   except ImportError:
     return None
-  import torch_models  # noqa: PLC0415 (needs torch)
+  torch_models = _load_torch_models()
 
   torch.manual_seed(0)
   net = torch_models.build(name)

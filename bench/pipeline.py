@@ -7,7 +7,7 @@ each model trained with SGD at batch b:
 
   pipeline        each device trains its M/D models on its own partition
                   (N/D examples) for stage_steps steps, then the models move
-                  one device along the ring (easgd/pipeline.py);
+                  one device along the ring (easgd/pipeline/programs.py);
   (a) one by one  the models one after another, each with sync_sgd on all D
                   devices (D workers of b/D examples: the same batch b), its
                   gradients all-reduced every step;
@@ -23,16 +23,12 @@ buffer once from every device; a ring all-reduce of B bytes sends
 2(D-1)/D * B from every device.
 """
 
-import os
+import argparse
+import statistics
 import sys
+import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
@@ -40,9 +36,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-import models  # noqa: E402
-from easgd import data, hlo, pipeline, rules, sharding, steps  # noqa: E402
+from easgd import models, rules, steps  # noqa: E402
+from easgd.data import datasets  # noqa: E402
+from easgd.infra import hlo, sharding  # noqa: E402
+from easgd.pipeline import programs  # noqa: E402
 from easgd.rules import AXIS  # noqa: E402
+from easgd.rules.sync import SyncSGD  # noqa: E402
 
 
 def sent_bytes(compiled, num_devices: int) -> int:
@@ -91,7 +90,7 @@ def main():
   if num_models % num_devices or batch % num_devices:
     sys.exit("error: --models and --batch_size must be multiples of --devices")
 
-  dataset = data.load_dataset("mnist5k")
+  dataset = datasets.load_dataset("mnist5k")
   model = models.get_model("lenet5", dataset.num_classes)
   loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
   sample = jnp.zeros((1, *dataset.train_images.shape[1:]))
@@ -111,7 +110,7 @@ def main():
   results = {}
 
   # The pipeline, and (b): its local steps on the replicated training set, no moves.
-  partitions = data.partition(dataset.train_images, dataset.train_labels, num_devices, 0)
+  partitions = datasets.partition(dataset.train_images, dataset.train_labels, num_devices, 0)
   replicated = tuple(
     np.broadcast_to(array[None], (num_devices, *array.shape))
     for array in (dataset.train_images, dataset.train_labels)
@@ -121,12 +120,12 @@ def main():
     ("pipeline", partitions, True),
     ("(b) replicated", replicated, False),
   ):
-    runner = pipeline.Pipeline(num_models, num_devices, args.stage_steps)
-    state = pipeline.init_state(runner, init_params, hypers, mesh)
+    runner = programs.Pipeline(num_models, num_devices, args.stage_steps)
+    state = programs.init_state(runner, init_params, hypers, mesh)
     images, labels = (sharding.place(mesh, array, P(AXIS)) for array in arrays)
-    step = pipeline.build_step(runner, loss_fn, mesh, state, batch)
+    step = programs.build_step(runner, loss_fn, mesh, state, batch)
     step = step.lower(state, images, labels).compile()
-    move = pipeline.build_move(runner, mesh, state).lower(state).compile()
+    move = programs.build_move(runner, mesh, state).lower(state).compile()
     holder = {"state": state}
 
     def run(holder=holder, step=step, move=move, images=images, labels=labels, moves=moves):
@@ -146,7 +145,7 @@ def main():
     )
 
   # (a): one model at a time, sync_sgd over all devices with the same batch.
-  rule = rules.SyncSGD(rules.Hyper(num_devices, 0.05))
+  rule = SyncSGD(rules.Hyper(num_devices, 0.05))
   state = steps.init_state(rule, init_params(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), mesh)
   images, labels = (sharding.place(mesh, array, P(AXIS)) for array in partitions)
   step = steps.build_train_step(rule, loss_fn, mesh, state, batch // num_devices)

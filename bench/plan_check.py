@@ -16,32 +16,29 @@ another's. The float32 matmul rate of this machine is printed beside the
 achieved FLOP/s.
 """
 
-import os
+import argparse
+import gc
+import json
+import re
+import statistics
+import subprocess
 import sys
+import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import models  # noqa: E402
-from configs import default  # noqa: E402
-from easgd import model_state, plan, sharding, steps  # noqa: E402
+from easgd import models, plan, steps
+from easgd.configs import default
+from easgd.infra import sharding
+from easgd.rules import model_state
 
 
 def config_for(model: str, batch_size: int):
   config = default.get_config()
-  config.model, config.batch_size = model, batch_size
-  config.workers, config.devices, config.moving_rate = 1, 1, 0.5
+  config.model, config.data.batch_size = model, batch_size
+  config.workers, config.run.devices, config.outer.moving_rate = 1, 1, 0.5
   return config
 
 

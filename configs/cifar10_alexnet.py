@@ -3,15 +3,15 @@ on CIFAR-10 with crop-and-flip augmentation.
 
 Target: at least 75% center test accuracy by the last step (no BatchNorm,
 so a smaller learning rate). Needs the prepared TFDS dataset:
---config.data_dir=DIR (README, "Datasets"). docs/cifar.md has what was run.
+--config.run.data_dir=DIR (README, "Datasets"). docs/cifar.md has what was run.
 """
 
-from configs import cifar10_resnet20
+from easgd.configs import cifar10_resnet20
 
 
 def get_config():
   config = cifar10_resnet20.get_config()
   config.model = "alexnet"
-  config.learning_rate = 0.02
-  config.total_steps = 15_000
+  config.optimizer.learning_rate = 0.02
+  config.run.total_steps = 15_000
   return config

@@ -1,16 +1,16 @@
 """Sync EASGD, 4 workers, VGG-11 (BatchNorm) on CIFAR-10 with crop-and-flip augmentation.
 
 Target: at least 85% center test accuracy by the last step. Needs the
-prepared TFDS dataset: --config.data_dir=DIR (README, "Datasets").
+prepared TFDS dataset: --config.run.data_dir=DIR (README, "Datasets").
 docs/cifar.md has what was run.
 """
 
-from configs import cifar10_resnet20
+from easgd.configs import cifar10_resnet20
 
 
 def get_config():
   config = cifar10_resnet20.get_config()
   config.model = "vgg11"
-  config.learning_rate = 0.1
-  config.total_steps = 15_000
+  config.optimizer.learning_rate = 0.1
+  config.run.total_steps = 15_000
   return config

@@ -6,16 +6,18 @@ Six runs of 300 steps, one TensorBoard run each; `--config.FIELD=VALUE`
 still sets any other field for all of them.
 """
 
-from configs import default
 from easgd import sweep
+from easgd.configs import default
 
 
 def get_config():
   config = default.get_config()
-  config.total_steps = 300
-  config.checkpoint_every = 100
+  config.run.total_steps = 300
+  config.run.checkpoint_every = 100
   return config
 
 
 def get_sweep():
-  return sweep.product(learning_rate=[0.05, 0.1, 0.2], moving_rate=[0.05, 0.1])
+  return sweep.product(
+    {"optimizer.learning_rate": [0.05, 0.1, 0.2], "outer.moving_rate": [0.05, 0.1]}
+  )

@@ -3,21 +3,21 @@
     python sweep.py --config configs/sweep_pipeline.py --workdir runs/sweep_pipeline --pipeline
 
 Each model trains with its own SGD on one device at a time and moves to the
-next device every 25 steps (easgd/pipeline.py); without --pipeline the same
+next device every 25 steps (easgd/pipeline/programs.py); without --pipeline the same
 points run one after another as Sync EASGD runs.
 """
 
-from configs import default
 from easgd import sweep
+from easgd.configs import default
 
 
 def get_config():
   config = default.get_config()
-  config.total_steps = 400
-  config.stage_steps = 25
-  config.checkpoint_every = 200
+  config.run.total_steps = 400
+  config.pipeline.stage_steps = 25
+  config.run.checkpoint_every = 200
   return config
 
 
 def get_sweep():
-  return sweep.product(learning_rate=[0.02, 0.05, 0.1, 0.2], seed=[0, 1])
+  return sweep.product({"optimizer.learning_rate": [0.02, 0.05, 0.1, 0.2]}, seed=[0, 1])

@@ -3,17 +3,38 @@
 Bad input ends in one line on stderr and exit status 2.
 """
 
+import difflib
 import sys
 
 from absl import flags
 from ml_collections import config_flags
 
+from easgd import schema
+
+
+def _unknown_field(field: str) -> str:
+  """One line for an unknown config field: its grouped name if it moved, or the
+  closest known fields."""
+  new = schema.moved(field)
+  if new is not None:
+    return f"config.{field} is now config.{new} (fields are grouped; README, 'Configuring runs')"
+  known = list(schema.flatten(schema.default_config().to_dict()))
+  close = difflib.get_close_matches(field, known, n=3)
+  hint = f"; did you mean {' or '.join(f'config.{c}' for c in close)}?" if close else ""
+  return f"config.{field} does not exist{hint}"
+
 
 def _config_field_error(error: Exception):
   """One line for an unknown --config.FIELD override (exit 2)."""
+  del error  # ml_collections' message escapes and wraps the name: find it in argv
+  known = schema.flatten(schema.default_config().to_dict())
+  for arg in sys.argv[1:]:
+    if arg.startswith("--config."):
+      field = arg.removeprefix("--config.").partition("=")[0]
+      if field not in known and not any(k.startswith(field + ".") for k in known):
+        fail(_unknown_field(field))
   overrides = " ".join(arg for arg in sys.argv[1:] if arg.startswith("--config."))
-  field = str(error).strip("\"'")
-  fail(f"unknown config field {field!r} in {overrides}")
+  fail(f"unknown config field in {overrides}")
 
 
 def fail(message: str, code: int = 2):

@@ -14,8 +14,8 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from easgd import model_state, sharding
-from easgd.rules import AXIS
+from easgd.infra import sharding
+from easgd.rules import AXIS, model_state
 
 # At most this many test images go through a model at once.
 _MAX_CHUNK = 1000

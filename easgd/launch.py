@@ -11,7 +11,7 @@ Each process's output is passed through, each line prefixed with
 Faults: if a process dies (a signal, or a non-zero exit), the launcher
 names it, gives the others `--grace` seconds to stop on their own (the
 survivors of a lost peer abort when its heartbeats stop, see
-easgd.distributed), kills what is left and exits non-zero. SIGTERM or
+easgd.infra.distributed), kills what is left and exits non-zero. SIGTERM or
 SIGINT to the launcher is passed on to every process (a preemption: each
 finishes its step, checkpoints and exits 0).
 """

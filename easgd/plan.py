@@ -32,12 +32,12 @@ from absl import app
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import models
-from easgd import cli, cluster, data, model_state, sharding, sizing, steps, trainer, validation
-from easgd.algorithms import RULES, make_rule
+from easgd import cli, models, schema, steps, validation
+from easgd.data import datasets
 from easgd.errors import ConfigError
-from easgd.parameter_server import ParameterServerRule
-from easgd.rules import AXIS
+from easgd.infra import sharding
+from easgd.rules import AXIS, RULES, Hyper, make_rule, model_state
+from easgd.sim import sizing, ticks, timing
 
 # Worker counts of the scaling table in the report.
 TABLE_WORKERS = (1, 2, 4, 8, 16, 32, 64)
@@ -69,13 +69,13 @@ class StepCompiler:
   def __init__(self, config: ml_collections.ConfigDict, mesh):
     self.config = config
     self.mesh = mesh
-    self.shape = data.SHAPES[config.dataset]
+    self.shape = datasets.SHAPES[config.data.dataset]
     self.partition = self.shape.train_examples // config.workers
     self.model = models.get_model(config.model, self.shape.num_classes)
     images = jnp.zeros((1, *self.shape.image_shape), jnp.uint8)
     params = model_state.model_tree(jax.eval_shape(self.model.init, jax.random.PRNGKey(0), images))
     self.model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
-    self.rule = make_rule(config.algorithm, trainer.hyper_from(config))
+    self.rule = make_rule(config.algorithm, Hyper.from_config(config))
     state = jax.eval_shape(self.rule.init, params, jax.random.PRNGKey(0))
     self.state = _abstract(state, sharding.named(mesh, sharding.state_specs(state)))
     split = NamedSharding(mesh, P(AXIS))
@@ -88,7 +88,7 @@ class StepCompiler:
     # Normalisation constants change neither shapes nor cost.
     stand_in = types.SimpleNamespace(mean=(0.0,) * channels, std=(1.0,) * channels, max_value=255)
     self.loss_fn = steps.make_loss_fn(self.model, steps.make_normalize(stand_in))
-    self.tick = self.rule.tick_inputs(cluster.Tick.empty(config.workers))
+    self.tick = self.rule.tick_inputs(ticks.Tick.empty(config.workers))
     self._compiled = {}
 
   @property
@@ -158,16 +158,16 @@ class Plan:
   memory_batch: int  # the largest batch the memory allows
   largest_batch: int  # and the partition too
   checked_bytes: int | None  # compiled peak at largest_batch, where it was compiled
-  step_flops: float  # per worker, at config.batch_size
+  step_flops: float  # per worker, at config.data.batch_size
   timing: sizing.Timing
   compute_source: str
 
   def report(self) -> str:
     config, memory, timing = self.config, self.memory, self.timing
-    b, mb = config.batch_size, 1e6
+    b, mb = config.data.batch_size, 1e6
     per_device = config.workers // self.devices
     lines = [
-      f"plan: {config.algorithm}, {config.model} on {config.dataset}, "
+      f"plan: {config.algorithm}, {config.model} on {config.data.dataset}, "
       f"{config.workers} workers on {self.devices} devices ({per_device} a device), "
       f"batch {b} a worker",
       f"model: {self.model_bytes / mb:.3f} MB of parameters",
@@ -179,7 +179,7 @@ class Plan:
       f"  S2 state (params, opt, center)  {memory.state / mb:10.3f} MB",
       f"  S3 batch-independent temporaries{memory.fixed / mb:10.3f} MB",
       f"  total                           {memory.total(b) / mb:10.3f} MB"
-      f" of {config.cluster.device_memory / mb:.1f} MB",
+      f" of {config.device.memory / mb:.1f} MB",
       "  (XLA's own buffers: a runtime's allocations outside them need headroom; docs/scaling.md)",
     ]
     if self.memory_batch > self.partition:
@@ -220,39 +220,35 @@ class Plan:
     return "\n".join(lines)
 
 
-def family_of(rule) -> str:
-  if not isinstance(rule, ParameterServerRule):
-    return sizing.SYNC
-  return sizing.LOCK_FREE if rule.policy == cluster.HOGWILD else sizing.LOCKED
-
-
 def check_plannable(config: ml_collections.ConfigDict) -> None:
   """What the planner needs beyond a valid config; raises ConfigError."""
   validation.validate(config)
-  if config.algorithm == validation.PIPELINE:
+  if config.algorithm == schema.PIPELINE:
     raise ConfigError(
       "config.algorithm='pipeline' is not planned: the planner sizes the update rules "
       f"({', '.join(sorted(RULES))})"
     )
-  if not config.cluster.device_memory > 0:
+  if not config.device.memory > 0:
     raise ConfigError(
-      f"config.cluster.device_memory={config.cluster.device_memory!r} is invalid: the planner "
+      f"config.device.memory={config.device.memory!r} is invalid: the planner "
       "needs each device's memory in bytes (> 0), e.g. 16e9"
     )
-  validation.validate_partition(config, data.SHAPES[config.dataset].train_examples, config.workers)
+  validation.validate_partition(
+    config, datasets.SHAPES[config.data.dataset].train_examples, config.workers
+  )
 
 
 def make_plan(config: ml_collections.ConfigDict) -> Plan:
   """Compiles the config's step and solves the memory rule and the timing model."""
   check_plannable(config)
-  mesh = sharding.make_mesh(trainer.resolve_devices(config, len(jax.devices())))
+  mesh = sharding.make_mesh(schema.resolve_devices(config, len(jax.devices())))
   compiler = StepCompiler(config, mesh)
-  memory = measure_memory(compiler, config.batch_size)
-  device_memory = config.cluster.device_memory
+  memory = measure_memory(compiler, config.data.batch_size)
+  device_memory = config.device.memory
   memory_batch = memory.largest_batch(device_memory)
   if memory_batch < 1:
     raise ConfigError(
-      f"no batch fits in config.cluster.device_memory={device_memory:.4g} bytes: at batch 1 "
+      f"no batch fits in config.device.memory={device_memory:.4g} bytes: at batch 1 "
       f"the step needs {memory.total(1):.4g} (data {memory.data:.4g}, state {memory.state:.4g}, "
       f"activations {memory.per_example:.4g}, fixed temporaries {memory.fixed:.4g}); "
       "use fewer workers a device, a smaller model or a larger device"
@@ -266,25 +262,26 @@ def make_plan(config: ml_collections.ConfigDict) -> Plan:
       checked = compiled_bytes(compiler.compile(largest))
     if checked > device_memory:
       raise ConfigError(
-        f"no batch fits in config.cluster.device_memory={device_memory:.4g} bytes: the step "
+        f"no batch fits in config.device.memory={device_memory:.4g} bytes: the step "
         f"compiled at batch 1 needs {checked:.4g}"
       )
-  cost = compiler.compile(config.batch_size).cost_analysis()
+  cost = compiler.compile(config.data.batch_size).cost_analysis()
   per_device = config.workers // mesh.size
   step_flops = float(cost["flops"]) / per_device
-  timing_model = cluster.Cluster.from_config(config.cluster)
-  if timing_model.device_flops > 0:
-    compute_time = step_flops / timing_model.device_flops
-    source = f"at cluster.device_flops = {timing_model.device_flops:.4g} FLOP/s"
+  timing_model = timing.Cluster.from_config(config.cluster)
+  device_flops = config.device.flops
+  if device_flops > 0:
+    compute_time = step_flops / device_flops
+    source = f"at device.flops = {device_flops:.4g} FLOP/s"
   else:
     compute_time = timing_model.compute_time
-    source = "cluster.compute_time; set cluster.device_flops to derive it from the FLOPs"
-  timing = sizing.Timing(
+    source = "cluster.compute_time; set device.flops to derive it from the FLOPs"
+  steady = sizing.Timing(
     cluster=timing_model,
     model_bytes=compiler.model_bytes,
     compute_time=compute_time,
     period=compiler.rule.period,
-    family=family_of(compiler.rule),
+    family=sizing.family_of(compiler.rule.policy),
   )
   return Plan(
     config=config,
@@ -296,7 +293,7 @@ def make_plan(config: ml_collections.ConfigDict) -> Plan:
     largest_batch=largest,
     checked_bytes=checked,
     step_flops=step_flops,
-    timing=timing,
+    timing=steady,
     compute_source=source,
   )
 
@@ -307,7 +304,7 @@ def main(argv, config_flag):
   config = config_flag.value
   try:
     check_plannable(config)
-    sharding.configure_cpu_devices(config.devices or min(config.workers, 8))
+    sharding.configure_cpu_devices(schema.resolve_devices(config))
     print(make_plan(config).report())
   except ConfigError as error:
     cli.fail(str(error))

@@ -15,10 +15,10 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from easgd import augment as augment_lib
-from easgd import model_state, sharding
-from easgd.data import Dataset
-from easgd.rules import AXIS, LossFn, Rule, TickInputs, TrainState
+from easgd.data import augment as augment_lib
+from easgd.data.datasets import Dataset
+from easgd.infra import sharding
+from easgd.rules import AXIS, LossFn, Rule, TickInputs, TrainState, model_state
 
 
 def make_normalize(dataset: Dataset) -> Callable[[jax.Array], jax.Array]:

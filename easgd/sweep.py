@@ -3,11 +3,11 @@
 A config file may define, beside `get_config()`,
 
     def get_sweep():
-      return [{"learning_rate": 0.05, "moving_rate": 0.05}, ...]
+      return [{"optimizer.learning_rate": 0.05, "outer.moving_rate": 0.05}, ...]
 
-a list of points, each a dict from config field (dotted for nested fields,
-e.g. "cluster.bandwidth") to its value in that run. `product(...)` builds
-the grid of all combinations.
+a list of points, each a dict from config field (dotted, e.g.
+"cluster.bandwidth"; a top-level field such as "seed" as it is) to its value
+in that run. `product(...)` builds the grid of all combinations.
 """
 
 import csv
@@ -19,7 +19,7 @@ import os
 import ml_collections
 from tensorboard.backend.event_processing import event_accumulator
 
-from easgd import validation
+from easgd import schema, validation
 from easgd.errors import ConfigError
 
 # The final scalars of a run that the summary shows, when the run has them.
@@ -32,8 +32,12 @@ SUMMARY_TAGS = (
 )
 
 
-def product(**axes) -> list[dict]:
-  """product(learning_rate=[0.05, 0.1], seed=[0, 1]) -> the 4 points of the grid."""
+def product(axes: dict | None = None, **more) -> list[dict]:
+  """product({"optimizer.learning_rate": [0.05, 0.1]}, seed=[0, 1]) -> the 4 points of the grid.
+
+  Dotted fields go in the dict, top-level ones may also be keywords.
+  """
+  axes = {**(axes or {}), **more}
   fields = list(axes)
   return [dict(zip(fields, values, strict=True)) for values in itertools.product(*axes.values())]
 
@@ -59,11 +63,15 @@ def check_points(
   """Every point names existing fields, none set on the command line too, and (with
   `each_valid`) makes a valid config. Raises ConfigError naming the point.
   """
-  known = validation.flatten(config.to_dict())
+  known = schema.flatten(config.to_dict())
   for number, point in enumerate(points):
     for field in point:
       if field not in known:
-        raise ConfigError(f"sweep point {number} ({name(point)}): config.{field} does not exist")
+        new = schema.moved(field)
+        hint = f" (it is config.{new} now)" if new in known else ""
+        raise ConfigError(
+          f"sweep point {number} ({name(point)}): config.{field} does not exist{hint}"
+        )
       if field in fixed:
         raise ConfigError(
           f"config.{field} is both swept and set by --config.{field}; drop one of the two"

@@ -1,32 +1,23 @@
-"""Checks of a configuration before anything is compiled or written."""
+"""Checks of a configuration before anything is compiled or written.
 
-import json
+What a rule accepts comes from the rule class itself (`easgd.rules.Rule`'s
+declarations); which fields may change on resume from `easgd.schema`.
+"""
+
+import math
 
 import ml_collections
 
-from easgd import augment
-from easgd.algorithms import (
-  ELASTIC_RULES,
-  MOMENTUM_RULES,
-  OPTIONAL_MOMENTUM_RULES,
-  RULES,
-  SERVER_OPTIMIZERS,
-)
-from easgd.cluster import ALLREDUCES
-from easgd.data import DATASETS
+from easgd import schema
+from easgd.data import augment
+from easgd.data.datasets import DATASETS
 from easgd.errors import ConfigError
-from easgd.model_state import BATCH_STATS_CHOICES
-from models import BATCH_NORM_MODELS, MODELS
+from easgd.models import BATCH_NORM_MODELS, MODELS
+from easgd.pipeline.programs import PER_MODEL_FIELDS
+from easgd.rules import RULES, Momentum, model_state
+from easgd.sim import timing
 
-# Rules whose momentum step may be Nesterov's.
-NESTEROV_RULES = frozenset({"sync_sgd", "sync_measgd", "async_measgd"})
-
-# Fields a checkpoint may be resumed with under other values: they change how
-# long the run goes on, what it reports, or where it runs, not the trajectory.
-RESUMABLE_FIELDS = frozenset(
-  {"total_steps", "eval_every", "checkpoint_every", "log_every", "devices", "data_dir"}
-  | {"cluster.device_memory", "cluster.device_flops"}  # read by the planner only
-)
+SERVER_OPTIMIZERS = ("sgd", "adagrad")  # downpour's master
 
 
 def _require(ok: bool, field: str, value, allowed: str) -> None:
@@ -38,168 +29,225 @@ def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
-PIPELINE = "pipeline"
-ALGORITHMS = (*RULES, PIPELINE)
-PER_MODEL_FIELDS = ("learning_rate", "momentum", "weight_decay", "seed")
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the first field that is out of range."""
-  for field, registry in (("algorithm", ALGORITHMS), ("model", MODELS), ("dataset", DATASETS)):
-    value = config[field]
+  for field, registry in (
+    ("algorithm", schema.ALGORITHMS),
+    ("model", MODELS),
+    ("data.dataset", DATASETS),
+  ):
+    value = schema.lookup(config, field)
     _require(value in registry, field, value, f"valid: {', '.join(sorted(registry))}")
-  _require(
-    _is_int(config.batch_size) and config.batch_size >= 1,
-    "batch_size",
-    config.batch_size,
-    "must be an integer >= 1 (examples per worker per step)",
-  )
-  _require(config.learning_rate > 0, "learning_rate", config.learning_rate, "must be > 0")
-  _require(0 <= config.momentum < 1, "momentum", config.momentum, "must be in [0, 1)")
-  for field in ("total_steps",):
-    _require(_is_int(config[field]) and config[field] >= 1, field, config[field], "must be >= 1")
-  for field in ("eval_every", "checkpoint_every", "log_every"):
-    _require(
-      _is_int(config[field]) and config[field] >= 0,
-      field,
-      config[field],
-      "must be an integer >= 0 (0: only at the end)",
-    )
   _require(_is_int(config.seed), "seed", config.seed, "must be an integer")
-  _require(config.weight_decay >= 0, "weight_decay", config.weight_decay, "must be >= 0")
-  _require(
-    config.batch_stats in BATCH_STATS_CHOICES,
-    "batch_stats",
-    config.batch_stats,
-    f"valid: {', '.join(BATCH_STATS_CHOICES)} (BatchNorm statistics: "
-    "averaged into the center like parameters, or kept by each worker)",
-  )
-  _require(
-    config.augment in augment.CHOICES,
-    "augment",
-    config.augment,
-    f"valid: {', '.join(augment.CHOICES)}",
-  )
-  if config.algorithm == PIPELINE:
+  _validate_data(config.data)
+  _validate_optimizer(config.optimizer)
+  _validate_outer(config)
+  _validate_downpour(config.downpour)
+  _validate_run(config.run)
+  validate_cluster(config.cluster, config.workers)
+  _validate_device(config.device)
+  if config.algorithm == schema.PIPELINE:
     _validate_pipeline(config)
   else:
     _validate_rule(config)
 
 
-def _require_spread(config: ml_collections.ConfigDict, field: str) -> None:
-  """config.<field> (workers or models) is >= 1 and config.devices divides it."""
-  count, devices = config[field], config.devices
-  _require(_is_int(count) and count >= 1, field, count, "must be an integer >= 1")
+def _validate_data(data: ml_collections.ConfigDict) -> None:
   _require(
-    _is_int(devices) and devices >= 0, "devices", devices, f"must be >= 1, or 0 for min({field}, 8)"
+    _is_int(data.batch_size) and data.batch_size >= 1,
+    "data.batch_size",
+    data.batch_size,
+    "must be an integer >= 1 (examples per worker per step)",
   )
   _require(
+    data.augment in augment.CHOICES,
+    "data.augment",
+    data.augment,
+    f"valid: {', '.join(augment.CHOICES)}",
+  )
+
+
+def _validate_optimizer(optimizer: ml_collections.ConfigDict) -> None:
+  _require(
+    _is_number(optimizer.learning_rate) and optimizer.learning_rate > 0,
+    "optimizer.learning_rate",
+    optimizer.learning_rate,
+    "must be a finite number > 0",
+  )
+  _require(
+    _is_number(optimizer.momentum) and 0 <= optimizer.momentum < 1,
+    "optimizer.momentum",
+    optimizer.momentum,
+    "must be in [0, 1)",
+  )
+  _require(
+    isinstance(optimizer.nesterov, bool), "optimizer.nesterov", optimizer.nesterov, "True or False"
+  )
+  _require(
+    _is_number(optimizer.weight_decay) and optimizer.weight_decay >= 0,
+    "optimizer.weight_decay",
+    optimizer.weight_decay,
+    "must be a finite number >= 0",
+  )
+
+
+def _validate_outer(config: ml_collections.ConfigDict) -> None:
+  outer = config.outer
+  _require(
+    outer.batch_stats in model_state.BATCH_STATS_CHOICES,
+    "outer.batch_stats",
+    outer.batch_stats,
+    f"valid: {', '.join(model_state.BATCH_STATS_CHOICES)} (BatchNorm statistics: "
+    "averaged into the center like parameters, or kept by each worker)",
+  )
+  if config.algorithm in RULES and RULES[config.algorithm].elastic:
+    # Only the elastic rules read these: another rule ignores them.
+    tau, alpha = outer.comm_period, outer.moving_rate
+    _require(_is_int(tau) and tau >= 1, "outer.comm_period", tau, "must be an integer >= 1")
+    _require(_is_number(alpha) and 0 < alpha < 1, "outer.moving_rate", alpha, "must be in (0, 1)")
+
+
+def _validate_downpour(downpour: ml_collections.ConfigDict) -> None:
+  _require(
+    _is_int(downpour.n_sync) and downpour.n_sync >= 1,
+    "downpour.n_sync",
+    downpour.n_sync,
+    "must be an integer >= 1 (downpour's local steps between push and fetch)",
+  )
+  _require(
+    downpour.server_optimizer in SERVER_OPTIMIZERS,
+    "downpour.server_optimizer",
+    downpour.server_optimizer,
+    f"valid: {', '.join(SERVER_OPTIMIZERS)}",
+  )
+
+
+def _validate_run(run: ml_collections.ConfigDict) -> None:
+  _require(
+    _is_int(run.total_steps) and run.total_steps >= 1,
+    "run.total_steps",
+    run.total_steps,
+    "must be an integer >= 1",
+  )
+  for field in ("eval_every", "checkpoint_every", "log_every"):
+    _require(
+      _is_int(run[field]) and run[field] >= 0,
+      f"run.{field}",
+      run[field],
+      "must be an integer >= 0 (0: only at the end)",
+    )
+  _require(
+    _is_int(run.devices) and run.devices >= 0,
+    "run.devices",
+    run.devices,
+    "must be an integer >= 1, or 0 for the default (README, 'Configuring runs')",
+  )
+  _require(isinstance(run.data_dir, str), "run.data_dir", run.data_dir, "must be a path or ''")
+
+
+def _validate_device(device: ml_collections.ConfigDict) -> None:
+  for field in ("memory", "flops"):
+    _require(
+      _is_number(device[field]) and device[field] >= 0,
+      f"device.{field}",
+      device[field],
+      "must be a finite number >= 0 (0: not given)",
+    )
+
+
+def _require_spread(config: ml_collections.ConfigDict, field: str) -> None:
+  """config.<field> (workers or pipeline.models) is >= 1 and run.devices divides it."""
+  count, devices = schema.lookup(config, field), config.run.devices
+  _require(_is_int(count) and count >= 1, field, count, "must be an integer >= 1")
+  _require(
     devices == 0 or count % devices == 0,
-    "devices",
+    "run.devices",
     devices,
-    f"must divide config.{field}={count} (each device holds {field}/devices {field})",
+    f"must divide config.{field}={count} (each device holds {field}/devices of them)",
   )
 
 
 def _validate_pipeline(config: ml_collections.ConfigDict) -> None:
-  models = config.models
-  _require_spread(config, "models")
-  stage_steps = config.stage_steps
+  pipeline = config.pipeline
+  models = pipeline.models
+  _require_spread(config, "pipeline.models")
   _require(
-    _is_int(stage_steps) and stage_steps >= 1,
-    "stage_steps",
-    stage_steps,
+    _is_int(pipeline.stage_steps) and pipeline.stage_steps >= 1,
+    "pipeline.stage_steps",
+    pipeline.stage_steps,
     "must be an integer >= 1 (steps on one partition before the models move)",
   )
-  for field in PER_MODEL_FIELDS:
-    values = config.per_model[field]
-    _require(
-      isinstance(values, (tuple, list)) and len(values) in (0, models),
-      f"per_model.{field}",
-      values,
-      f"must be () or a tuple of config.models={models} values",
-    )
   checks = {
-    "learning_rate": (lambda v: v > 0, "every value must be > 0"),
-    "momentum": (lambda v: 0 <= v < 1, "every value must be in [0, 1)"),
-    "weight_decay": (lambda v: v >= 0, "every value must be >= 0"),
+    "learning_rate": (lambda v: _is_number(v) and v > 0, "every value must be > 0"),
+    "momentum": (lambda v: _is_number(v) and 0 <= v < 1, "every value must be in [0, 1)"),
+    "weight_decay": (lambda v: _is_number(v) and v >= 0, "every value must be >= 0"),
     "seed": (_is_int, "every value must be an integer"),
   }
-  for field, (ok, allowed) in checks.items():
-    values = config.per_model[field]
+  for field in PER_MODEL_FIELDS:
+    values = pipeline.per_model[field]
     _require(
-      all(not isinstance(v, bool) and isinstance(v, (int, float)) and ok(v) for v in values),
-      f"per_model.{field}",
+      isinstance(values, (tuple, list)) and len(values) in (0, models),
+      f"pipeline.per_model.{field}",
       values,
-      allowed,
+      f"must be () or a tuple of config.pipeline.models={models} values",
     )
+    ok, allowed = checks[field]
+    _require(all(ok(v) for v in values), f"pipeline.per_model.{field}", values, allowed)
 
 
 def _validate_rule(config: ml_collections.ConfigDict) -> None:
-  """The fields of the rules with workers and a center."""
+  """What the chosen rule accepts, as its class declares it."""
   workers = config.workers
   _require_spread(config, "workers")
-  algorithm = config.algorithm
-  if algorithm in MOMENTUM_RULES:
+  rule = RULES[config.algorithm]
+  momentum = config.optimizer.momentum
+  if rule.momentum == Momentum.REQUIRED:
     _require(
-      0 < config.momentum < 1,
-      "momentum",
-      config.momentum,
-      f"{algorithm} needs a momentum in (0, 1)",
+      0 < momentum < 1, "optimizer.momentum", momentum, f"{rule.name} needs a momentum in (0, 1)"
     )
-  elif algorithm not in OPTIONAL_MOMENTUM_RULES:
-    with_momentum = ", ".join(sorted(MOMENTUM_RULES | OPTIONAL_MOMENTUM_RULES))
+  elif rule.momentum == Momentum.NONE:
+    with_momentum = ", ".join(n for n, r in RULES.items() if r.momentum != Momentum.NONE)
     _require(
-      config.momentum == 0,
-      "momentum",
-      config.momentum,
-      f"{algorithm} takes no momentum (momentum 0); rules with momentum: {with_momentum}",
+      momentum == 0,
+      "optimizer.momentum",
+      momentum,
+      f"{rule.name} takes no momentum (momentum 0); rules with momentum: {with_momentum}",
     )
+  with_nesterov = ", ".join(n for n, r in RULES.items() if r.nesterov)
   _require(
-    not config.nesterov or algorithm in NESTEROV_RULES,
-    "nesterov",
-    config.nesterov,
-    f"{algorithm} has no Nesterov form; rules with one: {', '.join(sorted(NESTEROV_RULES))}",
+    not config.optimizer.nesterov or rule.nesterov,
+    "optimizer.nesterov",
+    config.optimizer.nesterov,
+    f"{rule.name} has no Nesterov form; rules with one: {with_nesterov}",
   )
-  _require(
-    _is_int(config.n_sync) and config.n_sync >= 1,
-    "n_sync",
-    config.n_sync,
-    "must be an integer >= 1 (downpour's local steps between push and fetch)",
-  )
-  _require(
-    config.server_optimizer in SERVER_OPTIMIZERS,
-    "server_optimizer",
-    config.server_optimizer,
-    f"valid: {', '.join(SERVER_OPTIMIZERS)}",
-  )
-  validate_cluster(config.cluster, workers)
-  if config.algorithm in ELASTIC_RULES:
-    tau, alpha = config.comm_period, config.moving_rate
-    _require(_is_int(tau) and tau >= 1, "comm_period", tau, "must be an integer >= 1")
-    _require(0 < alpha < 1, "moving_rate", alpha, "must be in (0, 1)")
+  if rule.elastic:
+    alpha = config.outer.moving_rate
     _require(
       workers * alpha < 1,
-      "moving_rate",
+      "outer.moving_rate",
       alpha,
       f"beta = workers*moving_rate = {workers * alpha:g} must be < 1, "
       f"i.e. moving_rate < {1 / workers:g}",
     )
   _require(
-    not (
-      algorithm == "sync_sgd"
-      and config.batch_stats == "local"
-      and config.model in BATCH_NORM_MODELS
-    ),
-    "batch_stats",
-    config.batch_stats,
-    f"sync_sgd's workers share one model, so {config.model}'s BatchNorm statistics "
-    "are averaged ('averaged'); 'local' needs a rule whose workers have models of their own",
+    config.model not in BATCH_NORM_MODELS or config.outer.batch_stats in rule.batch_stats,
+    "outer.batch_stats",
+    config.outer.batch_stats,
+    f"{rule.name} supports {', '.join(rule.batch_stats)} for {config.model}'s BatchNorm "
+    "statistics (sync_sgd's workers share one model, so its statistics are averaged; "
+    "'local' needs a rule whose workers have models of their own)",
   )
   for field in PER_MODEL_FIELDS:
-    values = config.per_model[field]
+    values = config.pipeline.per_model[field]
     _require(
-      not values, f"per_model.{field}", values, "only the pipeline has per-model values (())"
+      not values,
+      f"pipeline.per_model.{field}",
+      values,
+      "only the pipeline has per-model values (())",
     )
 
 
@@ -209,17 +257,23 @@ def validate_cluster(cluster: ml_collections.ConfigDict, workers: int) -> None:
   def require(ok, field, allowed):
     _require(ok, f"cluster.{field}", cluster[field], allowed)
 
-  def number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+  def number(value):  # a bandwidth may be inf (not modelled), never NaN
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
-  require(number(cluster.compute_time) and cluster.compute_time > 0, "compute_time", "must be > 0")
+  require(
+    _is_number(cluster.compute_time) and cluster.compute_time > 0,
+    "compute_time",
+    "must be a finite number > 0",
+  )
   for field in ("speed_spread", "jitter", "latency", "master_time"):
-    require(number(cluster[field]) and cluster[field] >= 0, field, "must be >= 0")
+    require(
+      _is_number(cluster[field]) and cluster[field] >= 0, field, "must be a finite number >= 0"
+    )
   require(
     number(cluster.bandwidth) and cluster.bandwidth > 0, "bandwidth", "must be > 0 (bytes/second)"
   )
   require(
-    number(cluster.straggler_slowdown) and cluster.straggler_slowdown >= 1,
+    _is_number(cluster.straggler_slowdown) and cluster.straggler_slowdown >= 1,
     "straggler_slowdown",
     "must be >= 1 (how many times slower a straggler is)",
   )
@@ -229,9 +283,11 @@ def validate_cluster(cluster: ml_collections.ConfigDict, workers: int) -> None:
     "server_bandwidth",
     "must be > 0 (bytes/second; inf: the servers' links are not modelled)",
   )
-  require(cluster.allreduce in ALLREDUCES, "allreduce", f"must be one of {', '.join(ALLREDUCES)}")
-  for field in ("device_memory", "device_flops"):
-    require(number(cluster[field]) and cluster[field] >= 0, field, "must be >= 0 (0: not given)")
+  require(
+    cluster.allreduce in tuple(timing.Allreduce),
+    "allreduce",
+    f"must be one of {', '.join(timing.Allreduce)}",
+  )
   stragglers = cluster.stragglers
   require(
     isinstance(stragglers, (tuple, list))
@@ -245,32 +301,24 @@ def validate_cluster(cluster: ml_collections.ConfigDict, workers: int) -> None:
 def validate_partition(config: ml_collections.ConfigDict, train_examples: int, parts: int) -> None:
   """The batch must fit in each partition of the training set (a worker's or a device's)."""
   per_part = train_examples // parts
-  owner = "device" if config.algorithm == PIPELINE else "worker"
+  owner = "device" if config.algorithm == schema.PIPELINE else "worker"
   _require(
-    config.batch_size <= per_part,
-    "batch_size",
-    config.batch_size,
+    config.data.batch_size <= per_part,
+    "data.batch_size",
+    config.data.batch_size,
     f"must be <= {per_part}, the examples in each {owner}'s partition "
-    f"({train_examples} {config.dataset} training examples over {parts} {owner}s)",
+    f"({train_examples} {config.data.dataset} training examples over {parts} {owner}s)",
   )
 
 
-def flatten(values: dict, prefix: str = "") -> dict:
-  """{"cluster": {"latency": 1}} -> {"cluster.latency": 1}, through JSON (tuples become lists)."""
-  flat = {}
-  for key, value in json.loads(json.dumps(values)).items():
-    if isinstance(value, dict):
-      flat.update(flatten(value, f"{prefix}{key}."))
-    else:
-      flat[prefix + key] = value
-  return flat
-
-
 def check_resumable(saved: dict, config: ml_collections.ConfigDict, workdir: str) -> None:
-  """A workdir's checkpoint may only be resumed by the configuration that wrote it."""
-  saved, current = flatten(saved), flatten(config.to_dict())
+  """A workdir's checkpoint may only be resumed by a configuration that trains the same
+  trajectory: only fields that do not shape it (easgd.schema) may differ."""
+  # A checkpoint of an earlier version has flat names: compare under the grouped ones.
+  saved = {schema.moved(field) or field: value for field, value in schema.flatten(saved).items()}
+  current = schema.flatten(config.to_dict())
   for field in sorted(set(saved) | set(current)):
-    if field in RESUMABLE_FIELDS:
+    if not schema.shapes_trajectory(field, config.algorithm):
       continue
     if saved.get(field) != current.get(field):
       raise ConfigError(

@@ -9,11 +9,11 @@ from collections.abc import Callable
 
 import flax.linen as nn
 
-from models.alexnet import AlexNet
-from models.lenet import LeNet5
-from models.mlp import MLP
-from models.resnet import ResNet
-from models.vgg import VGG
+from easgd.models.alexnet import AlexNet
+from easgd.models.lenet import LeNet5
+from easgd.models.mlp import MLP
+from easgd.models.resnet import ResNet
+from easgd.models.vgg import VGG
 
 # name -> constructor taking the number of classes.
 MODELS: dict[str, Callable[[int], nn.Module]] = {
@@ -24,7 +24,7 @@ MODELS: dict[str, Callable[[int], nn.Module]] = {
   "vgg11": lambda num_classes: VGG(num_classes=num_classes),
 }
 
-# Models with BatchNorm, whose trees carry running statistics (config.batch_stats).
+# Models with BatchNorm, whose trees carry running statistics (config.outer.batch_stats).
 BATCH_NORM_MODELS = frozenset({"resnet20", "vgg11"})
 
 

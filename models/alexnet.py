@@ -3,7 +3,7 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
-from models.layers import pad_to
+from easgd.models.layers import pad_to
 
 
 class AlexNet(nn.Module):

@@ -3,7 +3,7 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
-from models.layers import pad_to
+from easgd.models.layers import pad_to
 
 # LeNet-5 was designed for 32x32 inputs; smaller images are zero-padded up to
 # it so that the network (and its 61,706 parameters on one channel) is the

@@ -3,7 +3,7 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
-from models.layers import pad_to
+from easgd.models.layers import pad_to
 
 # Output channels of each 3x3 convolution; "M" is a 2x2 max pool.
 VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")

@@ -3,32 +3,30 @@
     python studies/asynchrony.py --workdir runs/asynchrony [--total_steps 600] [--seeds 3]
         [--rules sync_easgd,async_easgd,...] [--set cluster.bandwidth=1.25e7 ...] [--name NAME]
 
-Trains every rule (the synchronous ones and the parameter-server family) on
-mnist5k with 8 workers under the default config's timing model, one run per
-rule and seed in <workdir>/<rule>/seed_<n> (finished runs are reused, so the
-study resumes), and writes docs/asynchrony_table.md (means over the seeds)
-and docs/asynchrony.png (mean center test accuracy against simulated seconds
-and against mean local steps per worker). The seed changes the initial
-parameters, the data order and the timing model's jitter. `--set` overrides
-config fields (e.g. the timing model) for every run; `--name` names the
-outputs (docs/<name>_table.md, docs/<name>.png).
+Trains every registered rule (easgd.rules.names(): the synchronous ones and
+the parameter-server family) on mnist5k with 8 workers under the default
+config's timing model, one run per rule and seed in <workdir>/<rule>/seed_<n>
+(finished runs are reused, so the study resumes), and writes
+docs/asynchrony_table.md (means over the seeds) and docs/asynchrony.png (mean
+center test accuracy against simulated seconds and against mean local steps
+per worker). The seed changes the initial parameters, the data order and the
+timing model's jitter. `--set` overrides config fields by their grouped names
+(e.g. cluster.bandwidth=1.25e7, outer.comm_period=8) for every run; `--name`
+names the outputs (docs/<name>_table.md, docs/<name>.png).
 
 Settings (the same for every rule, so that the rules differ only in how they
-communicate): learning rate 0.05; the momentum rules use mu = 0.9 with
-learning rate 0.005 (the same eta / (1 - mu)); elastic rules tau = 4 and
-alpha = 0.9 / 8; Downpour n_sync = 4 with an SGD master.
+communicate): learning rate 0.05; the rules that require momentum use
+mu = 0.9 with learning rate 0.005 (the same eta / (1 - mu)); elastic rules
+tau = 4 and alpha = 0.9 / 8; Downpour n_sync = 4 with an SGD master.
 """
 
+import argparse
+import ast
+import logging
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import argparse  # noqa: E402
-import ast  # noqa: E402
-import logging  # noqa: E402
-
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
@@ -39,23 +37,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
 
-from configs import default  # noqa: E402
-from easgd import algorithms, checkpoint, trainer, validation  # noqa: E402
+from easgd import rules, schema, trainer, validation  # noqa: E402
+from easgd.configs import default  # noqa: E402
 from easgd.errors import ConfigError  # noqa: E402
+from easgd.infra import checkpoint  # noqa: E402
+from easgd.sim import sizing  # noqa: E402
 
-RULES = (
-  "sync_sgd",
-  "sync_easgd",
-  "sync_measgd",
-  "original_easgd",
-  "async_easgd",
-  "async_measgd",
-  "hogwild_easgd",
-  "async_sgd",
-  "async_msgd",
-  "hogwild_sgd",
-  "downpour",
-)
 TARGET = 0.95
 LEARNING_RATE, MOMENTUM = 0.05, 0.9
 
@@ -64,13 +51,13 @@ def config_for(rule: str, total_steps: int, every: int, seed: int, overrides: di
   config = default.get_config()
   config.algorithm = rule
   config.seed = seed
-  config.learning_rate = LEARNING_RATE
-  if rule in algorithms.MOMENTUM_RULES:
-    config.momentum = MOMENTUM
-    config.learning_rate = LEARNING_RATE * (1 - MOMENTUM)
-  config.total_steps = total_steps
-  config.log_every = config.eval_every = every
-  config.checkpoint_every = 0
+  config.optimizer.learning_rate = LEARNING_RATE
+  if rules.RULES[rule].momentum == rules.Momentum.REQUIRED:
+    config.optimizer.momentum = MOMENTUM
+    config.optimizer.learning_rate = LEARNING_RATE * (1 - MOMENTUM)
+  config.run.total_steps = total_steps
+  config.run.log_every = config.run.eval_every = every
+  config.run.checkpoint_every = 0
   # Last, so that an override wins over the study's own settings.
   config.update_from_flattened_dict(overrides)
   return config
@@ -78,14 +65,16 @@ def config_for(rule: str, total_steps: int, every: int, seed: int, overrides: di
 
 def parse_overrides(assignments: list[str]) -> dict:
   """["cluster.bandwidth=1.25e7"] -> {"cluster.bandwidth": 12500000.0}; raises ConfigError."""
-  known = validation.flatten(default.get_config().to_dict())
+  known = schema.flatten(default.get_config().to_dict())
   overrides = {}
   for assignment in assignments:
     field, equals, value = assignment.partition("=")
+    if equals and field not in known and schema.moved(field) in known:
+      raise ConfigError(f"--set {assignment!r}: {field} is now {schema.moved(field)}")
     if not equals or field not in known:
       raise ConfigError(
         f"--set {assignment!r}: expected FIELD=VALUE with FIELD a config field "
-        "(e.g. cluster.bandwidth=1.25e7, comm_period=8)"
+        "(e.g. cluster.bandwidth=1.25e7, outer.comm_period=8)"
       )
     try:
       overrides[field] = ast.literal_eval(value)
@@ -94,6 +83,12 @@ def parse_overrides(assignments: list[str]) -> dict:
         f"--set {assignment!r}: {value!r} is not a Python literal (a number, string or tuple)"
       ) from None
   return overrides
+
+
+def saved_total_steps(saved: dict):
+  """run.total_steps of a checkpoint's config (whose fields may have the old flat names)."""
+  flat = {schema.moved(field) or field: value for field, value in schema.flatten(saved).items()}
+  return flat.get("run.total_steps")
 
 
 def curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
@@ -187,6 +182,10 @@ def write_table(rows, path, command, common_time, total_steps, overrides):
     table.write("\n".join(lines) + "\n")
 
 
+# Line styles by how a rule's workers meet: in lockstep, at a master with a lock, or without one.
+STYLES = {sizing.SYNC: "-", sizing.LOCKED: "-.", sizing.LOCK_FREE: "--"}
+
+
 def plot(all_scalars, path, title):
   figure, (by_time, by_steps) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
   colors = plt.get_cmap("tab20").colors
@@ -195,7 +194,7 @@ def plot(all_scalars, path, title):
     steps = sorted(accuracy)
     time = dict(scalars["sim/time"])
     worker_steps = dict(scalars["sim/worker_steps_mean"])
-    style = "-" if rule.startswith("sync") else "--" if "hogwild" in rule else "-."
+    style = STYLES[sizing.family_of(rules.RULES[rule].policy)]
     values = [accuracy[s] for s in steps]
     color = colors[(2 * n) % 20 + (2 * n) // 20]
     by_time.plot([time[s] for s in steps], values, style, color=color, label=rule)
@@ -218,7 +217,7 @@ def main():
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--total_steps", type=int, default=600)
   parser.add_argument("--seeds", type=int, default=3)
-  parser.add_argument("--rules", default=",".join(RULES), help="comma-separated rules")
+  parser.add_argument("--rules", default=",".join(rules.names()), help="comma-separated rules")
   parser.add_argument(
     "--set", action="append", default=[], metavar="FIELD=VALUE", help="a config override"
   )
@@ -228,16 +227,16 @@ def main():
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger("absl").setLevel(logging.WARNING)
 
-  rules = args.rules.split(",")
+  chosen = args.rules.split(",")
   try:
-    unknown = [rule for rule in rules if rule not in algorithms.RULES]
+    unknown = [rule for rule in chosen if rule not in rules.RULES]
     if unknown:
       raise ConfigError(
-        f"--rules: unknown rule(s) {', '.join(unknown)}; allowed: {', '.join(algorithms.RULES)}"
+        f"--rules: unknown rule(s) {', '.join(unknown)}; allowed: {', '.join(rules.names())}"
       )
     overrides = parse_overrides(args.set)
     runs = {}
-    for rule in rules:
+    for rule in chosen:
       for seed in range(args.seeds):
         config = config_for(rule, args.total_steps, 25, seed, overrides)
         validation.validate(config)
@@ -249,9 +248,9 @@ def main():
   except (ValueError, TypeError) as error:
     sys.exit(f"error: {error}")
 
-  all_runs = {rule: [] for rule in rules}
+  all_runs = {rule: [] for rule in chosen}
   for (rule, seed), (config, workdir, saved) in runs.items():
-    if saved is None or saved.get("total_steps") != args.total_steps:
+    if saved is None or saved_total_steps(saved) != args.total_steps:
       print(f"training {rule}, seed {seed} ...", flush=True)
       trainer.train_and_evaluate(config, workdir)
     all_runs[rule].append(curves(workdir))

@@ -23,22 +23,39 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from easgd import rules, schema
+from easgd.sim.clocks import Policy
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The config of every run, by grouped field name (train.py's --config.GROUP.FIELD flags).
 RUN = {
   "model": "mlp",
   "workers": 4,
-  "models": 4,
-  "devices": 4,
-  "moving_rate": 0.2,
-  "total_steps": 60,
-  "checkpoint_every": 10,
-  "log_every": 5,
-  "eval_every": 0,
-  "stage_steps": 10,
+  "pipeline.models": 4,
+  "run.devices": 4,
+  "outer.moving_rate": 0.2,
+  "run.total_steps": 60,
+  "run.checkpoint_every": 10,
+  "run.log_every": 5,
+  "run.eval_every": 0,
+  "pipeline.stage_steps": 10,
 }
 TIMEOUT = 300
+
+
+def first_rule(policy: Policy | None) -> str:
+  """The first registered elastic rule whose master serves with `policy` (None: synchronous),
+  among those that take no momentum."""
+  return next(
+    name
+    for name in rules.names(elastic=True)
+    if rules.RULES[name].policy == policy and rules.RULES[name].momentum == rules.Momentum.NONE
+  )
+
+
+# The rules the faults hit: the synchronous elastic rule, and a lock-free parameter-server one.
+SYNC, LOCK_FREE = first_rule(None), first_rule(Policy.HOGWILD)
 
 
 def command(workdir: str, algorithm: str, processes: int) -> list[str]:
@@ -91,7 +108,7 @@ def final_state(workdir: str) -> list[np.ndarray]:
   import jax  # noqa: PLC0415 (only the parent reads checkpoints)
   import orbax.checkpoint as ocp  # noqa: PLC0415
 
-  path = os.path.join(workdir, "checkpoints", str(RUN["total_steps"]), "state")
+  path = os.path.join(workdir, "checkpoints", str(RUN["run.total_steps"]), "state")
   checkpointer = ocp.PyTreeCheckpointer()
   tree = checkpointer.metadata(path).item_metadata.tree
   args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
@@ -115,7 +132,7 @@ def kill_process(trial_dir, algorithm, processes, index, rng):
   log = os.path.join(trial_dir, "faulted.log")
   process = start(os.path.join(trial_dir, "run"), algorithm, processes, log)
   pid = process.pid if processes == 1 else child_pid(log, index)
-  wait_for_checkpoint(os.path.join(trial_dir, "run"), RUN["checkpoint_every"])
+  wait_for_checkpoint(os.path.join(trial_dir, "run"), RUN["run.checkpoint_every"])
   time.sleep(rng.uniform(0.0, 1.5))
   last = saved(os.path.join(trial_dir, "run"))[-1]
   os.kill(pid, signal.SIGKILL)
@@ -139,7 +156,7 @@ def preempt(trial_dir, algorithm, processes, rng):
   """SIGTERM (to the launcher, which passes it on) at a random step after the first checkpoint."""
   log = os.path.join(trial_dir, "faulted.log")
   process = start(os.path.join(trial_dir, "run"), algorithm, processes, log)
-  wait_for_checkpoint(os.path.join(trial_dir, "run"), RUN["checkpoint_every"])
+  wait_for_checkpoint(os.path.join(trial_dir, "run"), RUN["run.checkpoint_every"])
   time.sleep(rng.uniform(0.0, 0.5 if processes == 1 else 1.5))
   process.send_signal(signal.SIGTERM)
   signalled = time.monotonic()
@@ -158,7 +175,7 @@ def corrupt(trial_dir, algorithm, processes, damage):
   """A finished run whose newest checkpoint is then damaged on disk."""
   workdir = os.path.join(trial_dir, "run")
   code = finish(workdir, algorithm, processes, os.path.join(trial_dir, "faulted.log"))
-  newest = os.path.join(workdir, "checkpoints", str(RUN["total_steps"]), "state")
+  newest = os.path.join(workdir, "checkpoints", str(RUN["run.total_steps"]), "state")
   files = [os.path.join(root, name) for root, _, names in os.walk(newest) for name in names]
   largest = max(files, key=os.path.getsize)
   with open(largest, "r+b") as f:
@@ -188,22 +205,22 @@ FAULTS = [
   # (name, algorithm, processes, inject(trial_dir, algorithm, processes, rng))
   (
     "SIGKILL to process 1 of 2",
-    "hogwild_easgd",
+    LOCK_FREE,
     2,
     lambda d, a, p, r: kill_process(d, a, p, 1, r),
   ),
   (
     "SIGKILL to process 0 of 2 (the coordinator)",
-    "sync_easgd",
+    SYNC,
     2,
     lambda d, a, p, r: kill_process(d, a, p, 0, r),
   ),
-  ("SIGTERM to both processes", "sync_easgd", 2, preempt),
-  ("SIGKILL to the only process", "sync_easgd", 1, lambda d, a, p, r: kill_process(d, a, p, 0, r)),
-  ("SIGTERM to the only process", "pipeline", 1, preempt),
-  ("newest checkpoint truncated", "sync_easgd", 1, lambda d, a, p, _: corrupt(d, a, p, "truncate")),
-  ("newest checkpoint truncated", "sync_easgd", 2, lambda d, a, p, _: corrupt(d, a, p, "truncate")),
-  ("a bit flipped in the newest checkpoint", "sync_easgd", 1, flip),
+  ("SIGTERM to both processes", SYNC, 2, preempt),
+  ("SIGKILL to the only process", SYNC, 1, lambda d, a, p, r: kill_process(d, a, p, 0, r)),
+  ("SIGTERM to the only process", schema.PIPELINE, 1, preempt),
+  ("newest checkpoint truncated", SYNC, 1, lambda d, a, p, _: corrupt(d, a, p, "truncate")),
+  ("newest checkpoint truncated", SYNC, 2, lambda d, a, p, _: corrupt(d, a, p, "truncate")),
+  ("a bit flipped in the newest checkpoint", SYNC, 1, flip),
 ]
 
 

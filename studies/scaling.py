@@ -5,11 +5,12 @@
 Writes docs/scaling_tables.md and docs/scaling.png. Its parts:
   model     speed-up over one worker that never communicates, and efficiency
             (speed-up / P), for P in {1, 2, 4, ..., 64} of every rule
-            family, from the rules' own clocks (easgd/cluster.py) simulated
-            for 300 local steps: weak scaling with 32 images a worker, strong
-            scaling with 256 images a step shared by the P workers (a
-            worker's compute time proportional to its batch). The cluster is
-            the default config's (10 ms for a step of 32 images, 10% jitter,
+            family (FAMILIES, chosen by the rules' declarations), from the
+            rules' own clocks (easgd/sim/clocks.py) simulated for 300 local
+            steps: weak scaling with 32 images a worker, strong scaling
+            with 256 images a step shared by the P workers (a worker's
+            compute time proportional to its batch). The cluster is the
+            default config's (10 ms for a step of 32 images, 10% jitter,
             1 Gbit/s, 0.5 ms latency, 1 ms master) with equal workers and
             LeNet-5's 247 KB.
   measured  the same speed-ups of sync_easgd measured on this machine's
@@ -22,17 +23,14 @@ Writes docs/scaling_tables.md and docs/scaling.png. Its parts:
             round-robin master, with the bandwidths stated in the table.
 """
 
+import argparse
+import dataclasses
+import logging
 import os
 import sys
+import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import logging  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
@@ -43,44 +41,69 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-import models  # noqa: E402
-from configs import default  # noqa: E402
-from easgd import checkpoint, cluster, data, sharding, sizing, steps, sweep, trainer  # noqa: E402
-from easgd.algorithms import make_rule  # noqa: E402
+from easgd import models, rules, steps, sweep, trainer  # noqa: E402
+from easgd.configs import default  # noqa: E402
+from easgd.data import datasets  # noqa: E402
 from easgd.errors import TrainingDiverged  # noqa: E402
+from easgd.infra import checkpoint, sharding  # noqa: E402
+from easgd.sim import sizing, ticks, timing  # noqa: E402
+from easgd.sim.clocks import Policy  # noqa: E402
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64)
 MEASURED_WORKERS = (1, 2, 4, 8)
 BATCH, GLOBAL_BATCH, STEPS, TAU = 32, 256, 300, 4
-# (label, rule, all-reduce)
-FAMILIES = (
-  ("sync_sgd (ring)", "sync_sgd", "ring"),
-  ("sync_easgd (ring)", "sync_easgd", "ring"),
-  ("sync_easgd (tree)", "sync_easgd", "tree"),
-  ("original_easgd", "original_easgd", "ring"),
-  ("async_easgd", "async_easgd", "ring"),
-  ("hogwild_easgd", "hogwild_easgd", "ring"),
-  ("async_sgd", "async_sgd", "ring"),
+
+
+def first_rule(policy: Policy | None, elastic: bool) -> str:
+  """The first registered rule whose master serves with `policy` (None: synchronous) and
+  that exchanges elastically or not, among those that do not require momentum (a velocity
+  changes no clock)."""
+  return next(
+    name
+    for name in rules.names(elastic=elastic)
+    if rules.RULES[name].policy == policy and rules.RULES[name].momentum != rules.Momentum.REQUIRED
+  )
+
+
+# The rules compared, from the registry's declarations: an elastic rule under each
+# master policy (synchronous, round robin, first come first served, lock-free), and
+# the plain-SGD baselines, synchronous and first come first served.
+SYNC_ELASTIC, ROUND_ROBIN_ELASTIC, ASYNC_ELASTIC, LOCK_FREE_ELASTIC = (
+  first_rule(policy, elastic=True)
+  for policy in (None, Policy.ROUND_ROBIN, Policy.FCFS, Policy.HOGWILD)
 )
-ACCURACY_RULES = ("sync_easgd", "async_easgd", "sync_sgd", "async_sgd")
+SYNC_SGD, ASYNC_SGD = (first_rule(policy, elastic=False) for policy in (None, Policy.FCFS))
+# (label, rule, all-reduce); the all-reduce only matters to the synchronous rules.
+RING, TREE = timing.Allreduce.RING, timing.Allreduce.TREE
+FAMILIES = (
+  (f"{SYNC_SGD} (ring)", SYNC_SGD, RING),
+  (f"{SYNC_ELASTIC} (ring)", SYNC_ELASTIC, RING),
+  (f"{SYNC_ELASTIC} (tree)", SYNC_ELASTIC, TREE),
+  *(
+    (name, name, RING)
+    for name in (ROUND_ROBIN_ELASTIC, ASYNC_ELASTIC, LOCK_FREE_ELASTIC, ASYNC_SGD)
+  ),
+)
+ACCURACY_RULES = (SYNC_ELASTIC, ASYNC_ELASTIC, SYNC_SGD, ASYNC_SGD)
 LENET_BYTES = 61_706 * 4
 
 
-def base_cluster() -> cluster.Cluster:
-  timing = cluster.Cluster.from_config(default.get_config().cluster)
-  return dataclasses.replace(timing, speed_spread=0.0)
+def base_cluster() -> timing.Cluster:
+  cluster = timing.Cluster.from_config(default.get_config().cluster)
+  return dataclasses.replace(cluster, speed_spread=0.0)
 
 
-def hyper(rule_workers: int):
+def hyper(rule_workers: int) -> rules.Hyper:
   config = default.get_config()
-  config.workers, config.comm_period, config.moving_rate = rule_workers, TAU, 0.9 / rule_workers
-  return trainer.hyper_from(config)
+  config.workers, config.outer.comm_period = rule_workers, TAU
+  config.outer.moving_rate = 0.9 / rule_workers
+  return rules.Hyper.from_config(config)
 
 
 def simulated_images_per_sec(rule_name, allreduce, workers, batch, compute_time) -> float:
   """Images/s of `workers` workers under the rule's clock, over STEPS local steps each."""
-  timing = dataclasses.replace(base_cluster(), allreduce=allreduce, compute_time=compute_time)
-  clock = make_rule(rule_name, hyper(workers)).make_clock(timing, LENET_BYTES, seed=0)
+  cluster = dataclasses.replace(base_cluster(), allreduce=allreduce, compute_time=compute_time)
+  clock = rules.make_rule(rule_name, hyper(workers)).make_clock(cluster, LENET_BYTES, seed=0)
   while clock.worker_steps.min() < STEPS:
     clock.next_tick()
   return clock.worker_steps.sum() * batch / clock.time
@@ -106,22 +129,22 @@ def model_scaling() -> dict:
 
 
 def measured_images_per_sec(workers: int, batch: int, num_steps: int = 30) -> float:
-  """sync_easgd on `workers` virtual CPU devices of this machine, one worker each."""
+  """SYNC_ELASTIC on `workers` virtual CPU devices of this machine, one worker each."""
   config = default.get_config()
-  config.workers, config.devices, config.batch_size = workers, workers, batch
-  config.moving_rate = 0.9 / workers
-  dataset = data.load_dataset("mnist5k")
+  config.workers, config.run.devices, config.data.batch_size = workers, workers, batch
+  config.outer.moving_rate = 0.9 / workers
+  dataset = datasets.load_dataset("mnist5k")
   mesh = sharding.make_mesh(workers)
   model = models.get_model(config.model, 10)
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
-  rule = make_rule("sync_easgd", trainer.hyper_from(config))
+  rule = rules.make_rule(SYNC_ELASTIC, rules.Hyper.from_config(config))
   state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
   images, labels = sharding.place_partitions(
     mesh, dataset.train_images, dataset.train_labels, workers, 0
   )
   loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
   step = steps.build_train_step(rule, loss_fn, mesh, state, batch)
-  tick = rule.tick_inputs(cluster.Tick.empty(workers))
+  tick = rule.tick_inputs(ticks.Tick.empty(workers))
   state, out = step(state, images, labels, tick)  # compile and warm up
   jax.block_until_ready(out)
   best = 0.0
@@ -148,10 +171,10 @@ def final_accuracy(workdir: str, rule_name: str, workers: int) -> dict:
   """Trains (or reuses) one run; returns its final center accuracy and simulated time."""
   config = default.get_config()
   config.algorithm, config.workers = rule_name, workers
-  config.devices = min(workers, 8)
-  config.moving_rate = 0.9 / workers
-  config.total_steps, config.log_every, config.eval_every = STEPS, STEPS, STEPS
-  config.checkpoint_every = STEPS
+  config.run.devices = min(workers, 8)
+  config.outer.moving_rate = 0.9 / workers
+  config.run.total_steps, config.run.log_every, config.run.eval_every = STEPS, STEPS, STEPS
+  config.run.checkpoint_every = STEPS
   run_dir = os.path.join(workdir, rule_name, f"P{workers}")
   if checkpoint.saved_step(run_dir) != STEPS:
     try:
@@ -169,15 +192,24 @@ def sc17() -> dict:
   # model GPU -> host and back, and the host updates it in about three passes
   # over 249 MB at 10 GB/s.
   master_time = 3 * model_bytes / 1e10
-  original = cluster.Cluster(master_time=master_time, **pcie)
-  sync = cluster.Cluster(allreduce=cluster.TREE, **pcie)
-  ring = cluster.Cluster(allreduce=cluster.RING, **pcie)
+  original = timing.Cluster(master_time=master_time, **pcie)
+  sync = timing.Cluster(allreduce=TREE, **pcie)
+  ring = timing.Cluster(allreduce=RING, **pcie)
+
+  # The rule each column simulates, and its steady-state family.
+  rule_of = {
+    "original": ROUND_ROBIN_ELASTIC,
+    "sync (tree)": SYNC_ELASTIC,
+    "sync (ring)": SYNC_ELASTIC,
+  }
+  cluster_of = {"original": original, "sync (tree)": sync, "sync (ring)": ring}
 
   def timings(work):  # work = tau * t_c, seconds of computing between exchanges
     return {
-      "original": sizing.Timing(original, model_bytes, work, 1, sizing.LOCKED),
-      "sync (tree)": sizing.Timing(sync, model_bytes, work, 1, sizing.SYNC),
-      "sync (ring)": sizing.Timing(ring, model_bytes, work, 1, sizing.SYNC),
+      name: sizing.Timing(
+        cluster_of[name], model_bytes, work, 1, sizing.family_of(rules.RULES[rule].policy)
+      )
+      for name, rule in rule_of.items()
     }
 
   # One unknown, the computing between exchanges: fit it to one of SC17's
@@ -195,12 +227,11 @@ def sc17() -> dict:
     work = (low * high) ** 0.5
     result = timings(work)
     simulated = {}
-    for name, timing in result.items():
-      rule_name = "original_easgd" if name == "original" else "sync_easgd"
+    for name, steady in result.items():
       config = default.get_config()
-      config.workers, config.comm_period, config.moving_rate = workers, 1, 0.1
-      clock = make_rule(rule_name, trainer.hyper_from(config)).make_clock(
-        dataclasses.replace(timing.cluster, compute_time=work), model_bytes, 0
+      config.workers, config.outer.comm_period, config.outer.moving_rate = workers, 1, 0.1
+      clock = rules.make_rule(rule_of[name], rules.Hyper.from_config(config)).make_clock(
+        dataclasses.replace(steady.cluster, compute_time=work), model_bytes, 0
       )
       while clock.worker_steps.min() < 200:
         clock.next_tick()
@@ -239,7 +270,8 @@ def plot(table: dict, path: str) -> None:
       if kind != mode:
         continue
       if label == "measured":
-        axis.plot(WORKERS[: len(values)], values, "ko-", label="measured: sync_easgd, 2-core CPU")
+        measured = f"measured: {SYNC_ELASTIC}, 2-core CPU"
+        axis.plot(WORKERS[: len(values)], values, "ko-", label=measured)
       else:
         axis.plot(WORKERS[: len(values)], values, ".-", label=label)
     axis.set_xscale("log", base=2)
@@ -319,7 +351,7 @@ def main():
   if "measured" in parts:
     per_sec = measured["images_per_sec"]
     lines += [
-      "Measured images/s (sync_easgd, tau 4, this machine's virtual CPU devices): weak "
+      f"Measured images/s ({SYNC_ELASTIC}, tau {TAU}, this machine's virtual CPU devices): weak "
       + ", ".join(f"P={p}: {x:.0f}" for p, x in zip(MEASURED_WORKERS, per_sec["weak"], strict=True))
       + "; strong "
       + ", ".join(

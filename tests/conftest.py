@@ -8,7 +8,6 @@ across sessions.
 """
 
 import os
-import sys
 import tempfile
 
 # Must be set before JAX starts its backends.
@@ -22,7 +21,6 @@ os.environ["XLA_FLAGS"] = " ".join(
 )
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="jax-cache-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 
@@ -39,15 +37,14 @@ def small_run(tmp_path_factory):
   """algorithm -> the workdir of runs.SMALL_RUN trained to the end in this process
   (a mesh of 4 of the 8 devices). Shared by several tests: copy it before changing it.
   """
-  from easgd import pipeline_trainer, trainer  # noqa: PLC0415 (after the devices are set)
+  from easgd import trainer  # noqa: PLC0415 (after the devices are set)
 
   done = {}
 
   def run(algorithm: str):
     if algorithm not in done:
       workdir = tmp_path_factory.mktemp(f"small_{algorithm}")
-      train = pipeline_trainer if algorithm == "pipeline" else trainer
-      result = train.train_and_evaluate(small_config(algorithm=algorithm), str(workdir))
+      result = trainer.train_and_evaluate(small_config(algorithm=algorithm), str(workdir))
       assert not result.preempted
       done[algorithm] = workdir
     return done[algorithm]

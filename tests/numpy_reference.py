@@ -1,28 +1,56 @@
-"""The rules' equations in plain NumPy, written from ALGORITHMS.md, not from easgd/.
+"""The rules' equations in plain NumPy, written from docs/algorithms.md, not from easgd/.
 
-Models are parameter dicts of NumPy arrays; `grad(params, batch)` returns the
-gradient dict of one worker's loss on its batch.
+The tests run every rule and compare it, step by step, with these functions.
+Nothing here imports JAX or easgd: models are parameter dicts of NumPy arrays,
+and whatever the equations need from a model (its gradient, its forward pass)
+or from the code under test (the sampler's batch indices) is passed in as a
+function.
 """
 
 import heapq
 
 import numpy as np
 
+# Parameter dicts: the arithmetic every section uses, key by key.
+
 
 def _add(a, b, scale=1.0):
+  """a + scale * b."""
   return {k: a[k] + scale * b[k] for k in a}
 
 
 def _sub(a, b):
+  """a - b."""
   return {k: a[k] - b[k] for k in a}
 
 
 def _scale(a, s):
+  """s * a."""
   return {k: s * a[k] for k in a}
 
 
 def _zeros(a):
+  """0 shaped like a."""
   return {k: np.zeros_like(v) for k, v in a.items()}
+
+
+def _mean(dicts):
+  """(1/P) sum_i dicts[i]."""
+  return {k: np.mean([d[k] for d in dicts], axis=0) for k in dicts[0]}
+
+
+# The least-squares model of the rule tests (tests/least_squares.py).
+
+
+def least_squares_grad(params, batch):
+  """The gradient of L = 0.5 * mean_n ||x_n W + b - y_n||^2, with r_n = x_n W + b - y_n:
+  dL/dW = (1/N) sum_n x_n^T r_n,  dL/db = (1/N) sum_n r_n."""
+  residual = batch["x"] @ params["w"] + params["b"] - batch["y"]
+  return {"w": batch["x"].T @ residual / len(residual), "b": residual.mean(axis=0)}
+
+
+# Synchronous rules (docs/algorithms.md, "Synchronous rules"): `grad(params, batch)`
+# is the gradient of one worker's mean loss on its batch.
 
 
 def sync_sgd(x0, batches, grad, eta, mu=0.0, nesterov=False):
@@ -30,8 +58,7 @@ def sync_sgd(x0, batches, grad, eta, mu=0.0, nesterov=False):
   x, m = dict(x0), _zeros(x0)
   history = []
   for step_batches in batches:
-    grads = [grad(x, b) for b in step_batches]
-    g = {k: np.mean([gi[k] for gi in grads], axis=0) for k in x}
+    g = _mean([grad(x, b) for b in step_batches])
     m = _add(_scale(m, mu), g)
     direction = _add(g, m, mu) if nesterov else m
     x = _add(x, direction, -eta)
@@ -73,6 +100,10 @@ def sync_easgd(x0, batches, grad, eta, alpha, tau, mu=None, nesterov=False):
   return history
 
 
+# Parameter-server rules (docs/algorithms.md, "Parameter-server rules" and "The
+# timing model"), as a literal event loop rather than the code's ticks.
+
+
 def parameter_server(
   x0,
   batches,
@@ -93,8 +124,8 @@ def parameter_server(
 ):
   """A literal parameter server: P worker loops and one master, event by event.
 
-  Written from ALGORITHMS.md and the timing model of easgd/cluster.py's
-  docstring, without ticks: every update is applied at its moment in
+  Written from docs/algorithms.md and the timing model in the docstring of
+  easgd/sim/timing.py, without ticks: every update is applied at its moment in
   simulated time, in time order (at equal times: master writes, then
   arrivals, then other worker events; then by worker).
 
@@ -241,3 +272,139 @@ def parameter_server(
         else:
           begin(i, time)
   return center_history, worker_histories, staleness
+
+
+# BatchNorm statistics under exchanges (docs/algorithms.md, "BatchNorm statistics
+# under exchanges"). The model is BatchNorm on the input features, then one dense
+# layer: parameters {"scale", "shift", "kernel", "bias"}, statistics {"mean", "var"}.
+# `forward(params, stats, batch)` returns (gradient, new statistics), as
+# batch_norm_dense_forward does.
+
+
+def batch_norm_dense_forward(params, stats, batch, *, momentum, epsilon):
+  """The gradient of the mean cross-entropy in training mode, and the new statistics.
+
+  With the batch's mean_B and biased variance var_B of the features x:
+    z = (x - mean_B) / sqrt(var_B + epsilon),  h = scale * z + shift,  logits = h W + b;
+    s' = momentum * s + (1 - momentum) * (mean_B, var_B).
+  The loss does not depend on s, and mean_B, var_B depend on x alone, not on the
+  parameters: dlogits = (softmax(logits) - onehot(label)) / N, dW = h^T dlogits,
+  db = sum_n dlogits, dh = dlogits W^T, dscale = sum_n dh * z, dshift = sum_n dh.
+  """
+  x, labels = batch["image"], batch["label"]
+  mean, var = x.mean(axis=0), x.var(axis=0)
+  z = (x - mean) / np.sqrt(var + epsilon)
+  h = params["scale"] * z + params["shift"]
+  logits = h @ params["kernel"] + params["bias"]
+  prob = np.exp(logits - logits.max(axis=1, keepdims=True))
+  prob /= prob.sum(axis=1, keepdims=True)
+  d_logits = (prob - np.eye(params["kernel"].shape[1])[labels]) / len(x)
+  d_h = d_logits @ params["kernel"].T
+  grads = {
+    "kernel": h.T @ d_logits,
+    "bias": d_logits.sum(axis=0),
+    "scale": (d_h * z).sum(axis=0),
+    "shift": d_h.sum(axis=0),
+  }
+  new_stats = {
+    "mean": momentum * stats["mean"] + (1 - momentum) * mean,
+    "var": momentum * stats["var"] + (1 - momentum) * var,
+  }
+  return grads, new_stats
+
+
+def batch_norm_sync_easgd(x0, s0, batches, forward, eta, alpha, tau, average_stats):
+  """sync_easgd with statistics; returns [(workers, center)] after each step,
+  a worker and the center each a pair (parameters, statistics).
+
+  Step t: x'_i = x_i - eta*g_i(x_i) and s'_i from forward. If (t+1) % tau == 0,
+  with d_i = x_i - x~ and ds_i = s_i - s~ (averaged) or 0 (local), before the exchange:
+  x_i <- x'_i - alpha*d_i, s_i <- s'_i - alpha*ds_i,
+  x~ <- x~ + alpha*sum_i d_i, s~ <- s~ + alpha*sum_i ds_i; else x_i <- x'_i, s_i <- s'_i.
+  """
+  num_workers = len(batches[0])
+  workers = [(dict(x0), dict(s0)) for _ in range(num_workers)]
+  center = (dict(x0), dict(s0))
+  history = []
+  for t, step_batches in enumerate(batches):
+    stepped = []
+    for (x, s), batch in zip(workers, step_batches, strict=True):
+      g, s_new = forward(x, s, batch)
+      stepped.append((_add(x, g, -eta), s_new))
+    if (t + 1) % tau == 0:
+      distances = [_sub(x, center[0]) for x, _ in workers]
+      stat_distances = [_sub(s, center[1]) if average_stats else _zeros(s) for _, s in workers]
+      workers = [
+        (_add(x, d, -alpha), _add(s, ds, -alpha))
+        for (x, s), d, ds in zip(stepped, distances, stat_distances, strict=True)
+      ]
+      center = (
+        _add(center[0], {k: sum(d[k] for d in distances) for k in x0}, alpha),
+        _add(center[1], {k: sum(ds[k] for ds in stat_distances) for k in s0}, alpha),
+      )
+    else:
+      workers = stepped
+    history.append((list(workers), center))
+  return history
+
+
+def batch_norm_sync_sgd(x0, s0, batches, forward, eta):
+  """sync_sgd with averaged statistics; returns [(x, s)] after each step:
+  x <- x - eta*(1/P) sum_i g_i(x);  s <- (1/P) sum_i s'_i."""
+  params, stats = x0, s0
+  history = []
+  for step_batches in batches:
+    results = [forward(params, stats, batch) for batch in step_batches]
+    params = _add(params, _mean([g for g, _ in results]), -eta)
+    stats = _mean([s for _, s in results])
+    history.append((params, stats))
+  return history
+
+
+# The pipeline (docs/algorithms.md, "`pipeline`: pipelined multi-model training"),
+# run model after model instead of in parallel.
+
+
+def pipeline_sgd(
+  models,
+  partitions,
+  grad,
+  batch_indices,
+  *,
+  learning_rate,
+  momentum,
+  weight_decay,
+  num_stages,
+  stage_steps,
+  nesterov=False,
+):
+  """Each model m on its own: in stage s it trains on partition d(m, s) = (m // k + s) mod D,
+  k = M/D, for stage_steps steps of SGD with its own eta_m, mu_m, lambda_m:
+    g' = grad(x_m, batch) + lambda_m * x_m;  v <- mu_m * v + g' (v = 0 at the start);
+    x_m <- x_m - eta_m * v,  Nesterov: x_m <- x_m - eta_m * (g' + mu_m * v).
+
+  models: the M models' initial parameter dicts. partitions: the D partitions,
+  each a batch dict of arrays indexed along their first axis.
+  batch_indices(m, s, j, d): the indices of the batch model m draws from
+  partition d at step j of stage s. learning_rate, momentum, weight_decay: M
+  values each. Returns the M models' final parameters (float64).
+  """
+  num_models, num_devices = len(models), len(partitions)
+  per_device = num_models // num_devices
+  final = []
+  for m, initial in enumerate(models):
+    params = {name: np.array(leaf, np.float64) for name, leaf in initial.items()}
+    velocity = {name: np.zeros_like(leaf) for name, leaf in params.items()}
+    for s in range(num_stages):
+      partition = (m // per_device + s) % num_devices
+      for j in range(stage_steps):
+        indices = batch_indices(m, s, j, partition)
+        batch = {k: v[indices] for k, v in partitions[partition].items()}
+        g_batch = grad(params, batch)
+        for name, value in params.items():
+          g = g_batch[name] + weight_decay[m] * value
+          velocity[name] = momentum[m] * velocity[name] + g
+          step = g + momentum[m] * velocity[name] if nesterov else velocity[name]
+          params[name] = value - learning_rate[m] * step
+    final.append(params)
+  return final

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from configs import default
+from easgd.configs import default
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,25 +23,34 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_RUN = {
   "model": "mlp",
   "workers": 4,
-  "models": 4,
-  "devices": 4,
-  "moving_rate": 0.2,
-  "total_steps": 40,
-  "checkpoint_every": 10,
-  "log_every": 10,
-  "eval_every": 0,
-  "stage_steps": 10,
+  "pipeline.models": 4,
+  "run.devices": 4,
+  "outer.moving_rate": 0.2,
+  "run.total_steps": 40,
+  "run.checkpoint_every": 10,
+  "run.log_every": 10,
+  "run.eval_every": 0,
+  "pipeline.stage_steps": 10,
 }
 
 
-def small_config(**overrides):
+def config_with(overrides: dict | None = None, **top_level):
+  """The default config with `overrides` (dotted fields) and top-level fields set."""
   config = default.get_config()
-  config.update({**SMALL_RUN, **overrides})
+  config.update_from_flattened_dict({**(overrides or {}), **top_level})
   return config
 
 
-def small_flags(**overrides) -> list[str]:
-  return [f"--config.{field}={value}" for field, value in {**SMALL_RUN, **overrides}.items()]
+def small_config(overrides: dict | None = None, **top_level):
+  """SMALL_RUN's config with `overrides` (dotted fields) and top-level fields set."""
+  config = default.get_config()
+  config.update_from_flattened_dict({**SMALL_RUN, **(overrides or {}), **top_level})
+  return config
+
+
+def small_flags(overrides: dict | None = None, **top_level) -> list[str]:
+  values = {**SMALL_RUN, **(overrides or {}), **top_level}
+  return [f"--config.{field}={value}" for field, value in values.items()]
 
 
 def read_state(path) -> list[np.ndarray]:

@@ -4,7 +4,7 @@ not, drawn from the key alone; checked by search in NumPy."""
 import jax
 import numpy as np
 
-from easgd import augment
+from easgd.data import augment
 
 
 def placements(image, padding=augment.PADDING):

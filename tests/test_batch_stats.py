@@ -2,8 +2,9 @@
 
 The model is BatchNorm on the input features followed by one dense layer, so
 that the statistics a worker's forward pass produces depend on its batch
-only, and the gradient is a few lines of NumPy. easgd/model_state.py has the
-equations of the two choices of config.batch_stats.
+only, and the gradient is a few lines of NumPy (numpy_reference's BatchNorm
+section). docs/algorithms.md ("BatchNorm statistics under exchanges") has the
+equations of the two choices of config.outer.batch_stats.
 """
 
 import math
@@ -14,8 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from easgd import algorithms, cluster, evaluation, model_state, rules, sharding, steps
-from easgd.rules import AXIS
+import numpy_reference
+from easgd import evaluation, rules, steps
+from easgd.infra import sharding
+from easgd.rules import AXIS, base, model_state
+from easgd.sim import timing
 
 FEATURES, CLASSES, BATCH = 6, 3, 8
 MOMENTUM, EPSILON = 0.9, 1e-5  # the BatchNorm's
@@ -62,11 +66,12 @@ def make_batches(num_workers, count, seed=1):
   ]
 
 
-# The equations in NumPy. Flat models: {"scale", "shift", "kernel", "bias"}
-# and statistics {"mean", "var"}.
+# The equations are in numpy_reference; this file maps the Flax tree onto their
+# flat models: parameters {"scale", "shift", "kernel", "bias"}, statistics {"mean", "var"}.
 
 
 def flat(tree):
+  """(parameters, statistics) of a Flax tree of the model, as float64 NumPy dicts."""
   p, s = tree["params"], tree["batch_stats"]["bn"]
   params = {
     "scale": p["bn"]["scale"],
@@ -80,76 +85,10 @@ def flat(tree):
 
 
 def forward(params, stats, batch):
-  """Gradient of the mean cross-entropy in training mode, and the new statistics:
-  z = (x - mean_B)/sqrt(var_B + eps), h = scale*z + shift, logits = h W + b;
-  s' = m*s + (1 - m)*(mean_B, var_B) with the biased batch variance."""
-  x, labels = batch["image"], batch["label"]
-  mean, var = x.mean(axis=0), x.var(axis=0)
-  z = (x - mean) / np.sqrt(var + EPSILON)
-  h = params["scale"] * z + params["shift"]
-  logits = h @ params["kernel"] + params["bias"]
-  prob = np.exp(logits - logits.max(axis=1, keepdims=True))
-  prob /= prob.sum(axis=1, keepdims=True)
-  d_logits = (prob - np.eye(CLASSES)[labels]) / len(x)
-  d_h = d_logits @ params["kernel"].T
-  grads = {
-    "kernel": h.T @ d_logits,
-    "bias": d_logits.sum(axis=0),
-    "scale": (d_h * z).sum(axis=0),
-    "shift": d_h.sum(axis=0),
-  }
-  new_stats = {
-    "mean": MOMENTUM * stats["mean"] + (1 - MOMENTUM) * mean,
-    "var": MOMENTUM * stats["var"] + (1 - MOMENTUM) * var,
-  }
-  return grads, new_stats
-
-
-def add(a, b, scale=1.0):
-  return {k: a[k] + scale * b[k] for k in a}
-
-
-def reference_sync_easgd(tree, batches, tau, average_stats):
-  """x_i <- x_i + u_i - alpha*d_i and s_i <- s'_i - alpha*(s_i - s~) (averaged)
-  or s'_i (local) at exchanges; x~ and s~ move by alpha*sum_i of the same d_i."""
-  params, stats = flat(tree)
-  num_workers = len(batches[0])
-  workers = [(dict(params), dict(stats)) for _ in range(num_workers)]
-  center = (dict(params), dict(stats))
-  history = []
-  for t, step_batches in enumerate(batches):
-    stepped = []
-    for (x, s), batch in zip(workers, step_batches, strict=True):
-      g, s_new = forward(x, s, batch)
-      stepped.append((add(x, g, -ETA), s_new))
-    if (t + 1) % tau == 0:
-      d = [add(x, center[0], -1) for x, _ in workers]
-      ds = [add(s, center[1], -1) if average_stats else add(s, s, -1) for _, s in workers]
-      workers = [
-        (add(xn, di, -ALPHA), add(sn, dsi, -ALPHA))
-        for (xn, sn), di, dsi in zip(stepped, d, ds, strict=True)
-      ]
-      center = (
-        add(center[0], {k: sum(di[k] for di in d) for k in params}, ALPHA),
-        add(center[1], {k: sum(dsi[k] for dsi in ds) for k in stats}, ALPHA),
-      )
-    else:
-      workers = stepped
-    history.append((list(workers), center))
-  return history
-
-
-def reference_sync_sgd(tree, batches):
-  """x <- x - eta*(1/P) sum_i g_i(x);  s <- (1/P) sum_i s'_i."""
-  params, stats = flat(tree)
-  history = []
-  for step_batches in batches:
-    results = [forward(params, stats, batch) for batch in step_batches]
-    mean = lambda trees: {k: np.mean([t[k] for t in trees], axis=0) for k in trees[0]}  # noqa: E731
-    params = add(params, mean([g for g, _ in results]), -ETA)
-    stats = mean([s for _, s in results])
-    history.append((params, stats))
-  return history
+  """numpy_reference.batch_norm_dense_forward with this model's BatchNorm momentum and epsilon."""
+  return numpy_reference.batch_norm_dense_forward(
+    params, stats, batch, momentum=MOMENTUM, epsilon=EPSILON
+  )
 
 
 def assert_close(actual_tree, expected_params, expected_stats):
@@ -173,7 +112,7 @@ def as_device_batch(step_batches):
 
 def start(name, hyper, num_devices):
   mesh = sharding.make_mesh(num_devices)
-  rule = algorithms.make_rule(name, hyper)
+  rule = rules.make_rule(name, hyper)
   tree = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), initial_tree())
   state = steps.init_state(rule, tree, jax.random.PRNGKey(0), mesh)
   return rule, state, steps.build_rule_step(rule, LOSS_FN, mesh, state)
@@ -185,7 +124,9 @@ def test_sync_easgd_moves_statistics_as_the_chosen_equations_say(average_stats):
   hyper = rules.Hyper(workers, ETA, comm_period=tau, moving_rate=ALPHA, average_stats=average_stats)
   _, state, step = start("sync_easgd", hyper, num_devices=2)
   batches = make_batches(workers, count)
-  expected = reference_sync_easgd(initial_tree(), batches, tau, average_stats)
+  expected = numpy_reference.batch_norm_sync_easgd(
+    *flat(initial_tree()), batches, forward, ETA, ALPHA, tau, average_stats
+  )
   for step_batches, (expected_workers, expected_center) in zip(batches, expected, strict=True):
     state, _ = step(state, as_device_batch(step_batches), {})
     for i, (x, s) in enumerate(expected_workers):
@@ -202,17 +143,19 @@ def test_sync_sgd_averages_the_workers_statistics():
   _, state, step = start("sync_sgd", rules.Hyper(workers, ETA), num_devices=4)
   batches = make_batches(workers, count)
   for step_batches, (params, stats) in zip(
-    batches, reference_sync_sgd(initial_tree(), batches), strict=True
+    batches,
+    numpy_reference.batch_norm_sync_sgd(*flat(initial_tree()), batches, forward, ETA),
+    strict=True,
   ):
     state, _ = step(state, as_device_batch(step_batches), {})
     assert_close(state.center, params, stats)
 
 
 # Unequal speeds, so that the parameter-server rules' workers step at different ticks.
-UNEQUAL = cluster.Cluster(
+UNEQUAL = timing.Cluster(
   compute_time=1.0, speed_spread=1.0, jitter=0.3, latency=0.05, bandwidth=math.inf, master_time=0.4
 )
-WITH_WORKERS = sorted(set(algorithms.RULES) - {"sync_sgd"})
+WITH_WORKERS = sorted(set(rules.RULES) - {"sync_sgd"})
 
 
 # Every rule with statistics kept local (checked exactly), and averaged for one
@@ -227,7 +170,7 @@ def test_every_rule_keeps_or_averages_statistics(name, average_stats):
   """local: worker i's statistics are the running average over its own batches
   alone, whatever the rule exchanges; averaged: they reach the center."""
   workers, ticks = 4, 8
-  momentum = 0.9 if name in algorithms.MOMENTUM_RULES else 0.0
+  momentum = 0.9 if rules.RULES[name].momentum == rules.Momentum.REQUIRED else 0.0
   hyper = rules.Hyper(
     workers,
     ETA,
@@ -267,7 +210,7 @@ def test_every_rule_keeps_or_averages_statistics(name, average_stats):
 
 def test_statistics_are_left_out_of_the_consensus_distance():
   tree = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), initial_tree())
-  workers = rules.stack_workers(tree, 2)
+  workers = base.stack_workers(tree, 2)
   shifted = dict(
     workers, batch_stats=jax.tree.map(lambda leaf: leaf + 100.0, workers["batch_stats"])
   )
@@ -280,20 +223,20 @@ def test_pipeline_models_carry_their_statistics_and_decay_only_parameters():
   parameters only, on the batch the sampler drew."""
   from jax.sharding import PartitionSpec as P  # noqa: PLC0415
 
-  from easgd import pipeline  # noqa: PLC0415
+  from easgd.pipeline import programs  # noqa: PLC0415
 
   num_devices, partition, decay = 2, 16, 0.05
   mesh = sharding.make_mesh(num_devices)
-  runner = pipeline.Pipeline(num_devices, num_devices, stage_steps=4)
+  runner = programs.Pipeline(num_devices, num_devices, stage_steps=4)
   tree = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), initial_tree())
   seeds = np.arange(num_devices, dtype=np.int32)
   hypers = [seeds, np.full(num_devices, ETA, np.float32), np.zeros(num_devices, np.float32)]
   hypers.append(np.full(num_devices, decay, np.float32))
-  state = pipeline.init_state(runner, lambda key: tree, hypers, mesh)
+  state = programs.init_state(runner, lambda key: tree, hypers, mesh)
   rng = np.random.default_rng(2)
   images = (3 + 2 * rng.normal(size=(num_devices, partition, FEATURES))).astype(np.float32)
   labels = rng.integers(0, CLASSES, size=(num_devices, partition)).astype(np.int32)
-  step = pipeline.build_step(runner, LOSS_FN, mesh, state, BATCH)
+  step = programs.build_step(runner, LOSS_FN, mesh, state, BATCH)
   before = jax.device_get(state)
   after, _ = step(
     state, sharding.place(mesh, images, P(AXIS)), sharding.place(mesh, labels, P(AXIS))

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from easgd import checkpoint, trainer
+from easgd import trainer
 from easgd.errors import ConfigError
+from easgd.infra import checkpoint
 from runs import read_state, small_config, steps_saved
 
 

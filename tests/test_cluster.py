@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from easgd import cluster
+from easgd.sim import clocks, ticks, timing
 
 MODEL_BYTES = 1000
-TIMING = cluster.Cluster(
+TIMING = timing.Cluster(
   compute_time=1.0,
   speed_spread=0.5,
   jitter=0.2,
@@ -20,17 +20,17 @@ TIMING = cluster.Cluster(
   master_time=0.1,
 )
 POLICIES = [
-  (cluster.FCFS, True, 2),
-  (cluster.ROUND_ROBIN, True, 2),
-  (cluster.HOGWILD, True, 1),
-  (cluster.FCFS, True, 1),
-  (cluster.FCFS, False, 1),
-  (cluster.HOGWILD, False, 3),
+  (clocks.Policy.FCFS, True, 2),
+  (clocks.Policy.ROUND_ROBIN, True, 2),
+  (clocks.Policy.HOGWILD, True, 1),
+  (clocks.Policy.FCFS, True, 1),
+  (clocks.Policy.FCFS, False, 1),
+  (clocks.Policy.HOGWILD, False, 3),
 ]
 
 
 def async_clock(policy, exchange_first, period, seed=0, timing=TIMING, workers=4):
-  return cluster.AsyncClock(
+  return clocks.AsyncClock(
     timing, workers, MODEL_BYTES, seed, period=period, policy=policy, exchange_first=exchange_first
   )
 
@@ -49,11 +49,11 @@ def test_jitter_is_mean_preserving_and_a_function_of_seed_worker_and_step():
   assert np.std(np.log(times)) == pytest.approx(0.2, rel=0.05)
   assert TIMING.step_time(2.0, 1, 0, 7) == times[7]
   assert TIMING.step_time(2.0, 2, 0, 7) != times[7]
-  assert cluster.Cluster(compute_time=1.0).step_time(2.0, 1, 0, 7) == 2.0
+  assert timing.Cluster(compute_time=1.0).step_time(2.0, 1, 0, 7) == 2.0
 
 
 def test_sync_clock_waits_for_the_slowest_worker_at_every_all_reduce():
-  clock = cluster.SyncClock(TIMING, 4, MODEL_BYTES, seed=0, period=3)
+  clock = clocks.SyncClock(TIMING, 4, MODEL_BYTES, seed=0, period=3)
   means = TIMING.mean_step_times(4)
   workers = np.zeros(4)
   for step in range(6):
@@ -66,8 +66,8 @@ def test_sync_clock_waits_for_the_slowest_worker_at_every_all_reduce():
   # The straggler (worker 2) sets the pace: 3 x 1.33 x 3 steps per period.
   assert clock.time > 2 * 3 * means[2] * 0.8
   np.testing.assert_array_equal(clock.requests, [2, 2, 2, 2])
-  np.testing.assert_allclose(clock.bytes_sent, 2 * cluster.allreduce_bytes(MODEL_BYTES, 4))
-  restored = cluster.SyncClock(TIMING, 4, MODEL_BYTES, seed=0, period=3)
+  np.testing.assert_allclose(clock.bytes_sent, 2 * timing.allreduce_bytes(MODEL_BYTES, 4))
+  restored = clocks.SyncClock(TIMING, 4, MODEL_BYTES, seed=0, period=3)
   restored.load_state_dict(json.loads(json.dumps(clock.state_dict())))
   assert restored.next_tick().to_dict() == clock.next_tick().to_dict()
 
@@ -84,7 +84,7 @@ def test_ticks_are_well_formed(policy, exchange_first, period):
     inputs = tick.device_inputs()
     assert inputs["num_ops"] == len(tick.ops)
     for kind, worker in tick.ops:
-      if exchange_first and kind != cluster.WRITE:
+      if exchange_first and kind != ticks.OpKind.WRITE:
         # The elastic exchange belongs to a local step of the same tick.
         assert tick.local[worker]
   assert times == sorted(times)
@@ -107,7 +107,7 @@ def test_a_restored_clock_continues_exactly(policy, exchange_first, period):
 
 
 def test_a_straggler_takes_fewer_steps_and_everyone_else_keeps_going():
-  clock = async_clock(cluster.FCFS, True, 4, timing=TIMING)
+  clock = async_clock(clocks.Policy.FCFS, True, 4, timing=TIMING)
   for _ in range(300):
     clock.next_tick()
   steps = clock.worker_steps
@@ -117,7 +117,7 @@ def test_a_straggler_takes_fewer_steps_and_everyone_else_keeps_going():
 
 
 def test_round_robin_makes_every_worker_wait_for_the_slowest():
-  clock = async_clock(cluster.ROUND_ROBIN, True, 2)
+  clock = async_clock(clocks.Policy.ROUND_ROBIN, True, 2)
   for _ in range(100):
     clock.next_tick()
   assert clock.worker_steps.max() - clock.worker_steps.min() <= 2
@@ -127,16 +127,16 @@ def test_round_robin_makes_every_worker_wait_for_the_slowest():
 
 
 def test_a_busy_master_makes_requests_queue():
-  slow_master = cluster.Cluster(compute_time=1.0, jitter=0.1, master_time=0.5)
-  clock = async_clock(cluster.FCFS, False, 1, timing=slow_master)
+  slow_master = timing.Cluster(compute_time=1.0, jitter=0.1, master_time=0.5)
+  clock = async_clock(clocks.Policy.FCFS, False, 1, timing=slow_master)
   waits = [w for _ in range(100) for w in clock.next_tick().waits]
   assert np.mean(waits) > 0.1
   # Under Hogwild nothing waits.
-  clock = async_clock(cluster.HOGWILD, False, 1, timing=slow_master)
+  clock = async_clock(clocks.Policy.HOGWILD, False, 1, timing=slow_master)
   assert not any(w for _ in range(100) for w in clock.next_tick().waits)
 
 
 def test_infinite_bandwidth_and_no_latency_cost_nothing():
-  free = cluster.Cluster(compute_time=1.0, bandwidth=math.inf)
+  free = timing.Cluster(compute_time=1.0, bandwidth=math.inf)
   assert free.message_time(10**9) == 0
   assert free.allreduce_time(10**9, 8) == 0

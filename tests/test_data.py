@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from easgd import data
+from easgd.data import datasets
 from easgd.errors import ConfigError
 
 
 def test_mnist5k_has_the_documented_fixed_split():
-  ds = data.load_dataset("mnist5k")
+  ds = datasets.load_dataset("mnist5k")
   assert ds.train_images.shape == (4000, 28, 28, 1) and ds.train_images.dtype == np.uint8
   assert ds.test_images.shape == (1000, 28, 28, 1)
   assert np.array_equal(np.bincount(ds.train_labels), [400] * 10)
@@ -19,12 +19,12 @@ def test_mnist5k_has_the_documented_fixed_split():
   assert ds.train_images.max() == 255 and ds.max_value == 255
   assert 0.1 < ds.mean[0] < 0.2 and 0.25 < ds.std[0] < 0.4
   # The same images every time.
-  again = data.load_dataset("mnist5k")
+  again = datasets.load_dataset("mnist5k")
   assert np.array_equal(ds.test_images, again.test_images)
 
 
 def test_digits_is_scaled_by_16():
-  ds = data.load_dataset("digits")
+  ds = datasets.load_dataset("digits")
   assert ds.train_images.shape == (1497, 8, 8, 1) and ds.test_images.shape == (300, 8, 8, 1)
   assert ds.max_value == 16 and ds.train_images.max() == 16
 
@@ -33,26 +33,26 @@ def test_partition_is_disjoint_complete_and_mixes_classes():
   labels = np.repeat(np.arange(10), 41).astype(np.int32)  # class-sorted, 410 examples
   images = np.arange(410, dtype=np.uint8).reshape(410, 1, 1, 1)
   ids = np.arange(410)
-  part_images, part_labels = data.partition(images, labels, 8, seed=3)
+  part_images, part_labels = datasets.partition(images, labels, 8, seed=3)
   assert part_images.shape == (8, 51, 1, 1, 1) and part_labels.shape == (8, 51)
-  part_ids, _ = data.partition(ids.reshape(410, 1), labels, 8, seed=3)
+  part_ids, _ = datasets.partition(ids.reshape(410, 1), labels, 8, seed=3)
   flat = part_ids.ravel()
   assert len(np.unique(flat)) == 8 * 51  # disjoint; 410 mod 8 = 2 dropped
   assert np.array_equal(labels[flat], part_labels.ravel())
   assert all(len(np.unique(worker)) >= 8 for worker in part_labels)
-  assert np.array_equal(data.partition(ids.reshape(410, 1), labels, 8, seed=3)[0], part_ids)
+  assert np.array_equal(datasets.partition(ids.reshape(410, 1), labels, 8, seed=3)[0], part_ids)
 
 
 def test_tfds_dataset_loads_under_mock_data():
   with tfds.testing.mock_data(num_examples=48):
-    ds = data.load_dataset("fashion_mnist")
+    ds = datasets.load_dataset("fashion_mnist")
   assert ds.train_images.shape == (48, 28, 28, 1) and ds.num_classes == 10
   assert ds.test_labels.shape == (48,) and ds.train_labels.dtype == np.int32
 
 
 @pytest.mark.parametrize("name", ["mnist5k", "digits"])
 def test_known_shapes_match_the_loaded_dataset(name):
-  ds, shape = data.load_dataset(name), data.SHAPES[name]
+  ds, shape = datasets.load_dataset(name), datasets.SHAPES[name]
   assert len(ds.train_labels) == shape.train_examples
   assert ds.train_images.shape[1:] == shape.image_shape and ds.num_classes == shape.num_classes
 
@@ -60,16 +60,16 @@ def test_known_shapes_match_the_loaded_dataset(name):
 @pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10", "cifar100"])
 def test_known_shapes_match_tfds(name):
   with tfds.testing.mock_data(num_examples=4):
-    ds = data.load_dataset(name)
-  shape = data.SHAPES[name]
+    ds = datasets.load_dataset(name)
+  shape = datasets.SHAPES[name]
   assert ds.train_images.shape[1:] == shape.image_shape and ds.num_classes == shape.num_classes
-  assert set(data.SHAPES) == set(data.DATASETS)
+  assert set(datasets.SHAPES) == set(datasets.DATASETS)
 
 
 def test_absent_tfds_dataset_fails_fast_and_says_how_to_get_it(tmp_path):
   start = time.monotonic()
   with pytest.raises(ConfigError, match=r"not prepared .*tfds build cifar10"):
-    data.load_dataset("cifar10", str(tmp_path))
+    datasets.load_dataset("cifar10", str(tmp_path))
   assert time.monotonic() - start < 10
 
 
@@ -77,4 +77,4 @@ def test_unknown_dataset_lists_the_valid_names():
   with pytest.raises(
     ConfigError, match="valid: cifar10, cifar100, digits, fashion_mnist, mnist, mnist5k"
   ):
-    data.load_dataset("imagenet")
+    datasets.load_dataset("imagenet")

@@ -11,10 +11,13 @@ import time
 import numpy as np
 import pytest
 
-from easgd import distributed
 from easgd import launch as launcher
 from easgd.errors import ConfigError
+from easgd.infra import distributed
 from runs import launch, read_state, small_flags, steps_saved
+
+# Whole runs, train.py or several processes: left out of the quick loop (-m 'not e2e').
+pytestmark = pytest.mark.e2e
 
 # Every wait is bounded: a hung collective must fail the test, not the suite.
 RUN_SECONDS = 240

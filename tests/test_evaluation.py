@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from easgd import evaluation, sharding
+from easgd import evaluation
+from easgd.infra import sharding
 
 
 def _apply(params, images):

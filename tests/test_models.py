@@ -7,10 +7,11 @@ import pytest
 import tensorflow_datasets as tfds
 from jax.sharding import PartitionSpec as P
 
-import models
-from configs import default
-from easgd import algorithms, augment, model_state, rules, sharding, steps, trainer
-from easgd.rules import AXIS
+from easgd import models, rules, steps, trainer
+from easgd.configs import default
+from easgd.data import augment
+from easgd.infra import sharding
+from easgd.rules import AXIS, model_state
 
 
 @pytest.mark.parametrize("name", sorted(models.MODELS))
@@ -45,27 +46,39 @@ def test_the_batch_norm_models_are_those_with_statistics():
   assert with_stats == models.BATCH_NORM_MODELS == {"resnet20", "vgg11"}
 
 
+@pytest.mark.e2e
 def test_mlp_trains_with_sync_easgd(tmp_path):
   config = default.get_config()
-  config.model, config.workers, config.moving_rate = "mlp", 2, 0.45
-  config.total_steps, config.eval_every, config.log_every, config.checkpoint_every = 60, 60, 60, 0
+  config.model, config.workers, config.outer.moving_rate = "mlp", 2, 0.45
+  (
+    config.run.total_steps,
+    config.run.eval_every,
+    config.run.log_every,
+    config.run.checkpoint_every,
+  ) = 60, 60, 60, 0
   result = trainer.train_and_evaluate(config, str(tmp_path))
   assert result.metrics["eval/center_accuracy"] > 0.8
 
 
+@pytest.mark.e2e
 def test_resnet20_trains_end_to_end_on_mock_cifar10_with_local_statistics(tmp_path):
   """Augmented CIFAR batches, BatchNorm kept per worker, the center scored with
   each worker's statistics: the whole path of train.py."""
   config = default.get_config()
-  config.model, config.dataset, config.augment, config.batch_stats = (
+  config.model, config.data.dataset, config.data.augment, config.outer.batch_stats = (
     "resnet20",
     "cifar10",
     "crop_flip",
     "local",
   )
-  config.workers, config.devices, config.batch_size, config.moving_rate = 2, 2, 4, 0.4
-  config.comm_period, config.total_steps = 1, 3
-  config.eval_every, config.log_every, config.checkpoint_every = 0, 0, 0
+  config.workers, config.run.devices, config.data.batch_size, config.outer.moving_rate = (
+    2,
+    2,
+    4,
+    0.4,
+  )
+  config.outer.comm_period, config.run.total_steps = 1, 3
+  config.run.eval_every, config.run.log_every, config.run.checkpoint_every = 0, 0, 0
   with tfds.testing.mock_data(num_examples=16):
     result = trainer.train_and_evaluate(config, str(tmp_path))
   assert result.metrics["sim/worker_steps_min"] == 3
@@ -84,7 +97,7 @@ def test_cifar_networks_take_sync_easgd_steps_and_lower_the_loss(name):
   tree = model_state.model_tree(
     jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)))
   )
-  rule = algorithms.make_rule("sync_easgd", rules.Hyper(1, 0.01, comm_period=2, moving_rate=0.5))
+  rule = rules.make_rule("sync_easgd", rules.Hyper(1, 0.01, comm_period=2, moving_rate=0.5))
   state = steps.init_state(rule, tree, jax.random.PRNGKey(1), mesh)
   rng = np.random.default_rng(0)
   images = sharding.place(mesh, rng.integers(0, 256, (1, 8, 32, 32, 3), np.uint8), P(AXIS))

@@ -10,15 +10,19 @@ import numpy as np
 import pytest
 
 import numpy_reference
-from easgd import algorithms, cluster, rules, sharding, steps
-from least_squares import DIM, OUT, loss_fn, numpy_grad
+from easgd import rules, steps
+from easgd.infra import sharding
+from easgd.sim import timing
+from easgd.sim.ticks import OpKind
+from least_squares import DIM, OUT, loss_fn
+from numpy_reference import least_squares_grad as numpy_grad
 
 ETA, ALPHA, MU = 0.05, 0.2, 0.9
 WORKERS, BATCH = 4, 4
 
 # Unequal speeds (worker 3 twice as slow as worker 0, worker 1 a straggler),
 # jitter, and a master slow enough that requests queue and overlap.
-UNEQUAL = cluster.Cluster(
+UNEQUAL = timing.Cluster(
   compute_time=1.0,
   speed_spread=1.0,
   jitter=0.3,
@@ -28,7 +32,7 @@ UNEQUAL = cluster.Cluster(
   bandwidth=math.inf,
   master_time=0.4,
 )
-EQUAL = cluster.Cluster(compute_time=1.0, latency=0.05, master_time=0.2)
+EQUAL = timing.Cluster(compute_time=1.0, latency=0.05, master_time=0.2)
 
 # name -> (family, lock, period, server, mu, nesterov)
 REFERENCE = {
@@ -44,7 +48,7 @@ REFERENCE = {
 
 
 def hyper_for(name, num_workers=WORKERS, comm_period=2):
-  momentum = MU if name in algorithms.MOMENTUM_RULES else 0.0
+  momentum = MU if rules.RULES[name].momentum == rules.Momentum.REQUIRED else 0.0
   return rules.Hyper(
     num_workers=num_workers,
     learning_rate=ETA,
@@ -76,7 +80,7 @@ def run_ticks(name, hyper, timing, x0, batches, num_ticks, num_devices, seed=0):
   Returns (states after each tick, the ticks).
   """
   mesh = sharding.make_mesh(num_devices)
-  rule = algorithms.make_rule(name, hyper)
+  rule = rules.make_rule(name, hyper)
   params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x0)
   state = steps.init_state(rule, params, jax.random.PRNGKey(0), mesh)
   step = steps.build_rule_step(rule, loss_fn, mesh, state)
@@ -143,9 +147,9 @@ def test_rule_follows_a_literal_parameter_server(name, num_devices):
   served = []
   for state, tick in zip(states, ticks, strict=True):
     for kind, worker in tick.ops:
-      writes += kind in (cluster.EXCHANGE, cluster.WRITE)
+      writes += kind in (OpKind.EXCHANGE, OpKind.WRITE)
       if family == "push":
-        updates[worker] += kind in (cluster.EXCHANGE, cluster.READ)
+        updates[worker] += kind in (OpKind.EXCHANGE, OpKind.READ)
     updates += tick.local
     served += tick.staleness
     # The state after each tick is the reference's after the same events.
@@ -168,9 +172,9 @@ def overlapping_reads(ops):
   """Hogwild reads that another read followed before their own write."""
   count = 0
   for n, (kind, worker) in enumerate(ops):
-    if kind == cluster.READ and (cluster.WRITE, worker) in ops[n:]:
-      end = ops.index((cluster.WRITE, worker), n)
-      count += any(other == cluster.READ for other, _ in ops[n + 1 : end])
+    if kind == OpKind.READ and (OpKind.WRITE, worker) in ops[n:]:
+      end = ops.index((OpKind.WRITE, worker), n)
+      count += any(other == OpKind.READ for other, _ in ops[n + 1 : end])
   return count
 
 

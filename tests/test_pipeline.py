@@ -7,7 +7,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import least_squares
-from easgd import hlo, pipeline, sharding, steps
+import numpy_reference
+from easgd import steps
+from easgd.infra import hlo, sharding
+from easgd.pipeline import programs
 from easgd.rules import AXIS
 
 PARTITION_SIZE, BATCH, STAGE_STEPS = 12, 3, 4
@@ -43,13 +46,13 @@ def hypers(num_models):
 
 def run(num_models, num_devices, num_stages, nesterov):
   mesh = sharding.make_mesh(num_devices)
-  runner = pipeline.Pipeline(num_models, num_devices, STAGE_STEPS, nesterov)
-  state = pipeline.init_state(runner, init_params, hypers(num_models), mesh)
+  runner = programs.Pipeline(num_models, num_devices, STAGE_STEPS, nesterov)
+  state = programs.init_state(runner, init_params, hypers(num_models), mesh)
   initial = jax.device_get(state)
   x, y = data(num_devices)
   images, labels = sharding.place(mesh, x, P(AXIS)), sharding.place(mesh, y, P(AXIS))
-  step = pipeline.build_step(runner, loss_fn, mesh, state, BATCH)
-  move = pipeline.build_move(runner, mesh, state)
+  step = programs.build_step(runner, loss_fn, mesh, state, BATCH)
+  move = programs.build_move(runner, mesh, state)
   for _ in range(num_stages):
     for _ in range(STAGE_STEPS):
       state, _ = step(state, images, labels)
@@ -57,37 +60,34 @@ def run(num_models, num_devices, num_stages, nesterov):
   return initial, jax.device_get(state)
 
 
-def numpy_pipeline(initial, x, y, num_models, num_devices, num_stages, nesterov):
-  """Each model on its own: partition (m // k + s) mod D in stage s, SGD with its values.
+def sequential_numpy_run(initial, num_models, num_devices, num_stages, nesterov):
+  """numpy_reference.pipeline_sgd from the pipeline's initial state, with its data and
+  hyper-parameters.
 
   The batch indices are the sampler's (steps.batch_indices, tested in
-  test_steps.py); everything else is written out here.
+  test_steps.py): model m draws from its data key folded with the stage;
+  everything else is written out in numpy_reference.
   """
-  seeds, learning_rate, momentum, weight_decay = hypers(num_models)
-  per_device = num_models // num_devices
-  final = {}
-  for m in range(num_models):
-    slot = int(np.flatnonzero(initial.model_id == m)[0])
-    params = {name: np.array(leaf[slot], np.float64) for name, leaf in initial.models.items()}
-    velocity = {name: np.zeros_like(leaf) for name, leaf in params.items()}
-    key = initial.data_key[slot]
-    for s in range(num_stages):
-      partition = (m // per_device + s) % num_devices
-      for j in range(STAGE_STEPS):
-        indices = np.asarray(
-          steps.batch_indices(
-            jax.random.fold_in(key, s), jnp.int32(j), partition, PARTITION_SIZE, BATCH
-          )
-        )
-        batch = {"x": x[partition][indices], "y": y[partition][indices]}
-        grad = least_squares.numpy_grad(params, batch)
-        for name, value in params.items():
-          g = grad[name] + weight_decay[m] * value
-          velocity[name] = momentum[m] * velocity[name] + g
-          step = g + momentum[m] * velocity[name] if nesterov else velocity[name]
-          params[name] = value - learning_rate[m] * step
-    final[m] = params
-  return final
+  slots = [int(np.flatnonzero(initial.model_id == m)[0]) for m in range(num_models)]
+
+  def batch_indices(m, stage, step, partition):
+    key = jax.random.fold_in(initial.data_key[slots[m]], stage)
+    return np.asarray(steps.batch_indices(key, jnp.int32(step), partition, PARTITION_SIZE, BATCH))
+
+  x, y = data(num_devices)
+  _, learning_rate, momentum, weight_decay = hypers(num_models)
+  return numpy_reference.pipeline_sgd(
+    [{name: leaf[slot] for name, leaf in initial.models.items()} for slot in slots],
+    [{"x": x[d], "y": y[d]} for d in range(num_devices)],
+    numpy_reference.least_squares_grad,
+    batch_indices,
+    learning_rate=learning_rate,
+    momentum=momentum,
+    weight_decay=weight_decay,
+    num_stages=num_stages,
+    stage_steps=STAGE_STEPS,
+    nesterov=nesterov,
+  )
 
 
 @pytest.mark.parametrize(
@@ -96,8 +96,7 @@ def numpy_pipeline(initial, x, y, num_models, num_devices, num_stages, nesterov)
 def test_every_model_matches_its_sequential_numpy_run(num_models, num_devices, nesterov):
   num_stages = 2 * num_devices + 1  # every partition twice, and one more stage
   initial, final = run(num_models, num_devices, num_stages, nesterov)
-  x, y = data(num_devices)
-  expected = numpy_pipeline(initial, x, y, num_models, num_devices, num_stages, nesterov)
+  expected = sequential_numpy_run(initial, num_models, num_devices, num_stages, nesterov)
   assert int(final.step) == num_stages * STAGE_STEPS
   for m in range(num_models):
     slot = int(np.flatnonzero(final.model_id == m)[0])
@@ -115,12 +114,12 @@ def test_models_with_other_hyper_parameters_end_elsewhere():
 
 def compiled_programs(num_models, num_devices):
   mesh = sharding.make_mesh(num_devices)
-  runner = pipeline.Pipeline(num_models, num_devices, STAGE_STEPS)
-  state = pipeline.init_state(runner, init_params, hypers(num_models), mesh)
+  runner = programs.Pipeline(num_models, num_devices, STAGE_STEPS)
+  state = programs.init_state(runner, init_params, hypers(num_models), mesh)
   x, y = data(num_devices)
   images, labels = sharding.place(mesh, x, P(AXIS)), sharding.place(mesh, y, P(AXIS))
-  step = pipeline.build_step(runner, loss_fn, mesh, state, BATCH).lower(state, images, labels)
-  move = pipeline.build_move(runner, mesh, state).lower(state)
+  step = programs.build_step(runner, loss_fn, mesh, state, BATCH).lower(state, images, labels)
+  move = programs.build_move(runner, mesh, state).lower(state)
   return state, step.compile().as_text(), move.compile().as_text()
 
 

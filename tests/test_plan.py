@@ -6,17 +6,18 @@ import sys
 
 import pytest
 
-from configs import default
-from easgd import plan, sharding
+from easgd import plan
+from easgd.configs import default
 from easgd.errors import ConfigError
+from easgd.infra import sharding
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def small_config(**cluster):
   config = default.get_config()
-  config.workers, config.devices, config.batch_size = 2, 2, 16
-  config.moving_rate = 0.4
+  config.workers, config.run.devices, config.data.batch_size = 2, 2, 16
+  config.outer.moving_rate = 0.4
   config.cluster.update(cluster)
   return config
 
@@ -36,7 +37,8 @@ def test_memory_terms_predict_another_compiled_batch():
 
 
 def test_largest_batch_fits_one_more_does_not_and_flops_are_a_training_steps():
-  config = small_config(device_memory=20e6, device_flops=1e9)
+  config = small_config()
+  config.device.memory, config.device.flops = 20e6, 1e9
   found = plan.make_plan(config)
   assert found.memory_batch < found.partition  # the memory binds, not the data
   compiler = plan.StepCompiler(config, sharding.make_mesh(2))
@@ -46,16 +48,17 @@ def test_largest_batch_fits_one_more_does_not_and_flops_are_a_training_steps():
   # LeNet-5 forward, per example, in multiply-adds x 2: conv1 28*28*6*25, conv2
   # 10*10*16*150, dense 400*120 + 120*84 + 84*10. Training is about 3 forwards.
   forward = 2 * (28 * 28 * 6 * 25 + 10 * 10 * 16 * 150 + 400 * 120 + 120 * 84 + 84 * 10)
-  assert found.step_flops == pytest.approx(3 * forward * config.batch_size, rel=0.2)
+  assert found.step_flops == pytest.approx(3 * forward * config.data.batch_size, rel=0.2)
   assert found.timing.compute_time == pytest.approx(found.step_flops / 1e9)
 
 
 def test_pipeline_and_zero_memory_are_refused():
-  config = small_config(device_memory=0.0)
-  with pytest.raises(ConfigError, match=r"config.cluster.device_memory=0.0 is invalid"):
+  config = small_config()
+  config.device.memory = 0.0
+  with pytest.raises(ConfigError, match=r"config.device.memory=0.0 is invalid"):
     plan.check_plannable(config)
   config = small_config()
-  config.algorithm, config.models = "pipeline", 2
+  config.algorithm, config.pipeline.models = "pipeline", 2
   with pytest.raises(ConfigError, match="'pipeline' is not planned"):
     plan.check_plannable(config)
 
@@ -65,6 +68,7 @@ def _plan_cli(*overrides):
   return subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.e2e
 def test_cli_reports_memory_time_and_the_workers_that_pay():
   result = _plan_cli("--config.algorithm=async_easgd", "--config.workers=4")
   assert result.returncode == 0, result.stderr
@@ -79,11 +83,12 @@ def test_cli_reports_memory_time_and_the_workers_that_pay():
 @pytest.mark.parametrize(
   "overrides,message",
   [
-    (["--config.cluster.device_memory=0"], "config.cluster.device_memory=0.0 is invalid"),
+    (["--config.device.memory=0"], "config.device.memory=0.0 is invalid"),
     (["--config.cluster.bandwidth=0"], "config.cluster.bandwidth=0.0 is invalid: must be > 0"),
-    (["--config.cluster.device_memory=1e5"], "no batch fits in config.cluster.device_memory"),
+    (["--config.device.memory=1e5"], "no batch fits in config.device.memory"),
   ],
 )
+@pytest.mark.e2e
 def test_cli_bad_input_exits_2_with_one_line(overrides, message):
   result = _plan_cli(*overrides)
   assert result.returncode == 2

@@ -7,8 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from easgd import metrics, pipeline_trainer, trainer
+from easgd import trainer
+from easgd.infra import metrics
 from runs import read_state, small_config, small_flags, steps_saved, train
+
+# Whole runs, train.py or several processes: left out of the quick loop (-m 'not e2e').
+pytestmark = pytest.mark.e2e
 
 
 def _sigterm_at_first_log(monkeypatch):
@@ -27,9 +31,7 @@ def _sigterm_at_first_log(monkeypatch):
 # half-filled ticks and its requests in flight); the pipeline its models' slots.
 @pytest.mark.parametrize("algorithm", ["sync_easgd", "hogwild_easgd", "pipeline"])
 def test_preempted_run_resumes_bitwise(tmp_path, monkeypatch, small_run, algorithm):
-  train_and_evaluate = (
-    pipeline_trainer.train_and_evaluate if algorithm == "pipeline" else trainer.train_and_evaluate
-  )
+  train_and_evaluate = trainer.train_and_evaluate
   config = small_config(algorithm=algorithm)
 
   with monkeypatch.context() as patch:
@@ -37,7 +39,7 @@ def test_preempted_run_resumes_bitwise(tmp_path, monkeypatch, small_run, algorit
     stopped = train_and_evaluate(config, str(tmp_path / "preempted"))
   assert stopped.preempted
   stop = steps_saved(tmp_path / "preempted")[-1]
-  assert 10 <= stop < config.total_steps
+  assert 10 <= stop < config.run.total_steps
   assert not any(tag.startswith("eval/") for tag in stopped.metrics)  # no final evaluation
   # SIGTERM is this process's own again.
   assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
@@ -52,7 +54,7 @@ def test_preempted_run_resumes_bitwise(tmp_path, monkeypatch, small_run, algorit
 
 
 def test_train_py_exits_0_with_a_checkpoint_on_sigterm(tmp_path):
-  run = train(tmp_path, *small_flags(algorithm="hogwild_easgd", total_steps=400))
+  run = train(tmp_path, *small_flags({"run.total_steps": 400}, algorithm="hogwild_easgd"))
   run.wait_for(r"step 10: train", 120)
   run.popen.send_signal(signal.SIGTERM)
   signalled = time.monotonic()

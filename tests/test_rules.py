@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 import numpy_reference
-from easgd import algorithms, rules, sharding, steps
-from least_squares import DIM, OUT, loss_fn, numpy_grad
+from easgd import rules, steps
+from easgd.infra import sharding
+from least_squares import DIM, OUT, loss_fn
+from numpy_reference import least_squares_grad as numpy_grad
 
 BATCH, STEPS = 4, 7
 ETA, ALPHA, MU = 0.1, 0.9 / 8, 0.9
@@ -27,7 +29,7 @@ def make_problem(num_workers, steps_count=STEPS, seed=0):
 def run_rule(name, hyper, x0, batches, num_devices):
   """Runs the rule's compiled step on `num_devices`; returns the state after each step."""
   mesh = sharding.make_mesh(num_devices)
-  rule = algorithms.make_rule(name, hyper)
+  rule = rules.make_rule(name, hyper)
   params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x0)
   state = steps.init_state(rule, params, jax.random.PRNGKey(0), mesh)
   step = steps.build_rule_step(rule, loss_fn, mesh, state)
@@ -128,7 +130,7 @@ def test_tiny_moving_rate_and_huge_period_leave_the_center_alone():
 
 def test_make_rule_names_the_valid_rules():
   with pytest.raises(KeyError, match="sync_easgd, sync_measgd, sync_sgd"):
-    algorithms.make_rule("easgd", rules.Hyper(8, 0.1))
+    rules.make_rule("easgd", rules.Hyper(8, 0.1))
 
 
 @pytest.mark.parametrize("name", ["sync_sgd", "sync_easgd", "sync_measgd"])

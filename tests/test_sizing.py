@@ -5,14 +5,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from easgd import cluster, sizing
+from easgd.sim import clocks, sizing, timing
 
 MODEL_BYTES = 250_000
 # 10 ms steps on 1 Gbit/s Ethernet, a master that takes 2 ms a request.
-NETWORK = cluster.Cluster(compute_time=0.01, latency=5e-4, bandwidth=1.25e8, master_time=2e-3)
+NETWORK = timing.Cluster(compute_time=0.01, latency=5e-4, bandwidth=1.25e8, master_time=2e-3)
 
 
-def simulated_step_time(clock: cluster.Clock, steps: int) -> float:
+def simulated_step_time(clock: clocks.Clock, steps: int) -> float:
   """Seconds per local step of the average worker in the steady state: over the
   second `steps` steps of the slowest worker (the first are the start-up)."""
   marks = []
@@ -29,15 +29,15 @@ def simulated_step_time(clock: cluster.Clock, steps: int) -> float:
 def test_sync_step_time_is_the_simulated_one(allreduce, workers):
   timing_model = dataclasses.replace(NETWORK, allreduce=allreduce)
   timing = sizing.Timing(timing_model, MODEL_BYTES, 0.01, period=4, family=sizing.SYNC)
-  clock = cluster.SyncClock(timing_model, workers, MODEL_BYTES, seed=0, period=4)
+  clock = clocks.SyncClock(timing_model, workers, MODEL_BYTES, seed=0, period=4)
   assert simulated_step_time(clock, 40) == pytest.approx(timing.step_time(workers), rel=1e-9)
 
 
 CASES = [  # policy, exchange first (EASGD) or gradient first (SGD), tau, family
-  (cluster.FCFS, True, 4, sizing.LOCKED),
-  (cluster.FCFS, False, 1, sizing.LOCKED),
-  (cluster.ROUND_ROBIN, True, 4, sizing.LOCKED),
-  (cluster.HOGWILD, True, 4, sizing.LOCK_FREE),
+  (clocks.Policy.FCFS, True, 4, sizing.LOCKED),
+  (clocks.Policy.FCFS, False, 1, sizing.LOCKED),
+  (clocks.Policy.ROUND_ROBIN, True, 4, sizing.LOCKED),
+  (clocks.Policy.HOGWILD, True, 4, sizing.LOCK_FREE),
 ]
 
 
@@ -47,7 +47,7 @@ def test_parameter_server_step_time_is_the_simulated_one_below_and_past_saturati
 ):
   timing = sizing.Timing(NETWORK, MODEL_BYTES, 0.01, period, family)
   for workers in (1, 4, 12, 24):
-    clock = cluster.AsyncClock(
+    clock = clocks.AsyncClock(
       NETWORK, workers, MODEL_BYTES, 0, period, policy, exchange_first=exchange_first
     )
     simulated = simulated_step_time(clock, 200)
@@ -92,7 +92,7 @@ def test_servers_needed_keep_up_and_one_fewer_do_not(workers):
   for servers in (needed, needed - 1):
     timing_model = dataclasses.replace(busy, servers=servers)
     timing = sizing.Timing(timing_model, MODEL_BYTES, 0.01, 4, sizing.LOCKED)
-    clock = cluster.AsyncClock(timing_model, workers, MODEL_BYTES, 0, 4, cluster.FCFS, True)
+    clock = clocks.AsyncClock(timing_model, workers, MODEL_BYTES, 0, 4, clocks.Policy.FCFS, True)
     simulated = simulated_step_time(clock, 200) * 4
     assert simulated == pytest.approx(timing.cycle(workers), rel=0.01)
     if servers == needed:  # no queue: every cycle is C, the cycle of a worker alone

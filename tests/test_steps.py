@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-import models
-from easgd import algorithms, cluster, data, rules, sharding, steps
+from easgd import models, rules, steps
+from easgd.data import datasets
+from easgd.infra import sharding
 from easgd.rules import AXIS
+from easgd.sim import timing
 
 
 def test_batches_of_an_epoch_are_disjoint_and_reshuffled_each_epoch():
@@ -24,21 +26,21 @@ def test_batches_of_an_epoch_are_disjoint_and_reshuffled_each_epoch():
 
 
 def _train(num_devices, algorithm, steps_count=2):
-  dataset = data.load_dataset("mnist5k")
+  dataset = datasets.load_dataset("mnist5k")
   # The MLP: layouts are the rule's business, and it compiles far faster than LeNet-5.
   model = models.get_model("mlp", dataset.num_classes)
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
   hyper = rules.Hyper(8, 0.05, momentum=0.9, comm_period=2, moving_rate=0.1)
-  rule = algorithms.make_rule(algorithm, hyper)
+  rule = rules.make_rule(algorithm, hyper)
   mesh = sharding.make_mesh(num_devices)
   state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
-  images, labels = data.partition(dataset.train_images, dataset.train_labels, 8, seed=0)
+  images, labels = datasets.partition(dataset.train_images, dataset.train_labels, 8, seed=0)
   images = sharding.place(mesh, images, P(AXIS))
   labels = sharding.place(mesh, labels, P(AXIS))
   loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
   train_step = steps.build_train_step(rule, loss_fn, mesh, state, batch_size=16)
-  timing = cluster.Cluster(compute_time=1.0, speed_spread=1.0, jitter=0.3, master_time=0.5)
-  clock = rule.make_clock(timing, model_bytes=0, seed=0)
+  cluster = timing.Cluster(compute_time=1.0, speed_spread=1.0, jitter=0.3, master_time=0.5)
+  clock = rule.make_clock(cluster, model_bytes=0, seed=0)
   for _ in range(steps_count):
     state, metrics = train_step(state, images, labels, rule.tick_inputs(clock.next_tick()))
   return jax.device_get(state), jax.device_get(metrics)

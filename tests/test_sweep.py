@@ -14,9 +14,12 @@ import pytest
 
 from easgd import sweep
 
+# Whole runs, train.py or several processes: left out of the quick loop (-m 'not e2e').
+pytestmark = pytest.mark.e2e
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP_CONFIG = """
-from configs import default
+from easgd.configs import default
 from easgd import sweep
 
 
@@ -24,10 +27,10 @@ def get_config():
   config = default.get_config()
   config.model = "mlp"  # quick to compile
   config.workers = 2
-  config.total_steps = 50
-  config.log_every = 25
-  config.eval_every = 50
-  config.stage_steps = 25
+  config.run.total_steps = 50
+  config.run.log_every = 25
+  config.run.eval_every = 50
+  config.pipeline.stage_steps = 25
   return config
 
 
@@ -51,10 +54,12 @@ def sweep_cli(config_path, workdir, *flags):
 def finished_sweep(tmp_path_factory):
   directory = tmp_path_factory.mktemp("sweep")
   # A learning rate of 1e6 diverges: the sweep records it and goes on.
-  points = "sweep.product(learning_rate=[0.05, 1e6, 0.2], moving_rate=[0.1])"
+  points = (
+    'sweep.product({"optimizer.learning_rate": [0.05, 1e6, 0.2], "outer.moving_rate": [0.1]})'
+  )
   config = write_config(directory, points)
   workdir = directory / "runs"
-  result = sweep_cli(config, workdir, "--config.comm_period=2")
+  result = sweep_cli(config, workdir, "--config.outer.comm_period=2")
   assert result.returncode == 0, result.stderr[-3000:]
   return config, workdir, result
 
@@ -62,10 +67,12 @@ def finished_sweep(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pipelined_sweep(tmp_path_factory):
   directory = tmp_path_factory.mktemp("pipelined")
-  config = write_config(directory, "sweep.product(learning_rate=[0.02, 0.2], seed=[3, 4])")
+  config = write_config(
+    directory, 'sweep.product({"optimizer.learning_rate": [0.02, 0.2]}, seed=[3, 4])'
+  )
   workdir = directory / "runs"
   # 4 models on 2 devices: two models a device, moving together.
-  result = sweep_cli(config, workdir, "--pipeline", "--config.devices=2")
+  result = sweep_cli(config, workdir, "--pipeline", "--config.run.devices=2")
   assert result.returncode == 0, result.stderr[-3000:]
   return config, workdir, result
 
@@ -77,26 +84,30 @@ def read_summary(workdir):
 
 def test_each_point_is_a_run_with_the_overrides_and_a_sorted_summary(finished_sweep):
   _, workdir, result = finished_sweep
-  names = ["learning_rate=0.05,moving_rate=0.1", "learning_rate=0.2,moving_rate=0.1"]
+  names = [
+    "optimizer.learning_rate=0.05,outer.moving_rate=0.1",
+    "optimizer.learning_rate=0.2,outer.moving_rate=0.1",
+  ]
   assert all((workdir / name / "checkpoints" / "50").is_dir() for name in names)
   rows = read_summary(workdir)
   assert [row["run"] for row in rows[:2]] in (names, names[::-1])
   accuracies = [float(row["eval/center_accuracy"]) for row in rows[:2]]
   assert accuracies == sorted(accuracies, reverse=True) and accuracies[0] > 0.5
   assert [row["status"] for row in rows] == ["done", "done", "diverged"]
-  assert rows[2]["run"] == "learning_rate=1000000.0,moving_rate=0.1"
+  assert rows[2]["run"] == "optimizer.learning_rate=1000000.0,outer.moving_rate=0.1"
   assert rows[2]["eval/center_accuracy"] == ""
-  assert "| run | learning_rate | moving_rate | status | eval/center_accuracy" in result.stdout
+  header = "| run | optimizer.learning_rate | outer.moving_rate | status | eval/center_accuracy"
+  assert header in result.stdout
   saved = json.loads(
     (workdir / names[0] / "checkpoints" / "50" / "config" / "metadata").read_text()
   )
-  assert saved["comm_period"] == 2 and saved["learning_rate"] == 0.05
+  assert saved["outer"]["comm_period"] == 2 and saved["optimizer"]["learning_rate"] == 0.05
 
 
 def test_a_finished_sweep_is_skipped_when_run_again(finished_sweep):
   config, workdir, _ = finished_sweep
   before = read_summary(workdir)
-  again = sweep_cli(config, workdir, "--config.comm_period=2")
+  again = sweep_cli(config, workdir, "--config.outer.comm_period=2")
   assert again.returncode == 0
   # The two finished points are skipped; the diverged one is tried again.
   assert again.stdout.count("is finished") == 2
@@ -108,9 +119,10 @@ def test_pipelined_sweep_trains_one_model_per_point(pipelined_sweep):
   rows = {row["run"]: row for row in read_summary(workdir)}
   assert sorted(rows) == [f"model_{m}" for m in range(4)]
   expected = [("0.02", "3"), ("0.02", "4"), ("0.2", "3"), ("0.2", "4")]
-  assert [(rows[f"model_{m}"]["learning_rate"], rows[f"model_{m}"]["seed"]) for m in range(4)] == (
-    expected
-  )
+  values = [
+    (rows[f"model_{m}"]["optimizer.learning_rate"], rows[f"model_{m}"]["seed"]) for m in range(4)
+  ]
+  assert values == expected
   assert all(0 < float(row["eval/center_accuracy"]) <= 1 for row in rows.values())
 
 
@@ -166,7 +178,8 @@ def test_tensorboard_serves_every_run_with_scalars_and_hparams(which, request):
     assert sorted(group["name"] for group in groups) == sorted(summary)
     for group in groups:
       row = summary[group["name"]]
-      assert math.isclose(group["hparams"]["learning_rate"], float(row["learning_rate"]))
+      rate = group["hparams"]["optimizer.learning_rate"]
+      assert math.isclose(rate, float(row["optimizer.learning_rate"]))
       metrics = {value["name"]["tag"]: value["value"] for value in group["metricValues"]}
       assert math.isclose(
         metrics["eval/center_accuracy"], float(row["eval/center_accuracy"]), rel_tol=1e-3
@@ -181,22 +194,31 @@ def test_tensorboard_serves_every_run_with_scalars_and_hparams(which, request):
   [
     ("[]", [], "get_sweep() returned no points"),
     (
-      '[{"learnig_rate": 0.1}]',
+      '[{"optimizer.learnig_rate": 0.1}]',
       [],
-      "sweep point 0 (learnig_rate=0.1): config.learnig_rate does not exist",
+      "sweep point 0 (optimizer.learnig_rate=0.1): config.optimizer.learnig_rate does not exist",
     ),
     (
       '[{"learning_rate": 0.1}]',
-      ["--config.learning_rate=0.2"],
-      "config.learning_rate is both swept and set",
+      [],
+      "config.learning_rate does not exist (it is config.optimizer.learning_rate now)",
     ),
     (
-      '[{"learning_rate": -1.0}]',
-      [],
-      "sweep point 0 (learning_rate=-1.0): config.learning_rate=-1.0 is invalid",
+      '[{"optimizer.learning_rate": 0.1}]',
+      ["--config.optimizer.learning_rate=0.2"],
+      "config.optimizer.learning_rate is both swept and set",
     ),
-    ('[{"moving_rate": 0.1}]', ["--pipeline"], "--pipeline: the sweep sets moving_rate"),
-    ('[{"learning_rate": 0.1}]', ["--config.foo=1"], "unknown config field 'foo'"),
+    (
+      '[{"optimizer.learning_rate": -1.0}]',
+      [],
+      "sweep point 0 (optimizer.learning_rate=-1.0): config.optimizer.learning_rate=-1.0 is",
+    ),
+    (
+      '[{"outer.moving_rate": 0.1}]',
+      ["--pipeline"],
+      "--pipeline: the sweep sets outer.moving_rate",
+    ),
+    ('[{"optimizer.learning_rate": 0.1}]', ["--config.foo=1"], "config.foo does not exist"),
   ],
 )
 def test_bad_sweep_exits_2_with_one_line_and_runs_nothing(tmp_path, points, flags, message):
@@ -209,10 +231,13 @@ def test_bad_sweep_exits_2_with_one_line_and_runs_nothing(tmp_path, points, flag
 
 
 def test_product_and_names():
-  points = sweep.product(learning_rate=[0.1, 0.2], seed=[0])
-  assert points == [{"learning_rate": 0.1, "seed": 0}, {"learning_rate": 0.2, "seed": 0}]
-  assert sweep.name({"learning_rate": 0.1, "cluster.stragglers": (1, 2)}) == (
-    "learning_rate=0.1,cluster.stragglers=(1, 2)"
+  points = sweep.product({"optimizer.learning_rate": [0.1, 0.2]}, seed=[0])
+  assert points == [
+    {"optimizer.learning_rate": 0.1, "seed": 0},
+    {"optimizer.learning_rate": 0.2, "seed": 0},
+  ]
+  assert sweep.name({"optimizer.learning_rate": 0.1, "cluster.stragglers": (1, 2)}) == (
+    "optimizer.learning_rate=0.1,cluster.stragglers=(1, 2)"
   )
 
 

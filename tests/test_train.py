@@ -14,9 +14,12 @@ import pytest
 import tensorflow_datasets as tfds
 from tensorboard.backend.event_processing import event_accumulator
 
-from configs import default
 from easgd import trainer
-from runs import small_flags
+from easgd.errors import TrainingDiverged
+from runs import config_with, small_flags
+
+# Whole runs, train.py or several processes: left out of the quick loop (-m 'not e2e').
+pytestmark = pytest.mark.e2e
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAGS = {
@@ -30,17 +33,13 @@ TAGS = {
 }
 
 
-def config_with(**overrides):
-  config = default.get_config()
-  config.update(overrides)
-  return config
-
-
 def test_default_config_learns_in_300_steps_and_writes_tensorboard(tmp_path):
   # No logging, evaluation or checkpoint before the end: 300 steps are queued
   # with only the in-flight bound between them (collectives would deadlock
   # past about 32 queued programs).
-  config = config_with(total_steps=300, log_every=0, eval_every=0, checkpoint_every=0)
+  config = config_with(
+    {"run.total_steps": 300, "run.log_every": 0, "run.eval_every": 0, "run.checkpoint_every": 0}
+  )
   result = trainer.train_and_evaluate(config, str(tmp_path))
   assert result.metrics["eval/center_accuracy"] >= 0.9
   assert result.metrics["eval/worker_accuracy"] >= 0.85
@@ -60,7 +59,8 @@ def test_default_config_learns_in_300_steps_and_writes_tensorboard(tmp_path):
 def test_async_rule_logs_its_simulated_cluster(tmp_path):
   # Worker 7 is a straggler, 4x slower: it takes far fewer steps than the others.
   config = config_with(
-    algorithm="async_easgd", total_steps=60, log_every=20, eval_every=60, checkpoint_every=0
+    {"run.total_steps": 60, "run.log_every": 20, "run.eval_every": 60, "run.checkpoint_every": 0},
+    algorithm="async_easgd",
   )
   config.cluster.stragglers = (7,)
   result = trainer.train_and_evaluate(config, str(tmp_path))
@@ -89,7 +89,13 @@ def test_async_rule_logs_its_simulated_cluster(tmp_path):
 @pytest.mark.parametrize("algorithm,momentum", [("sync_sgd", 0.9), ("sync_measgd", 0.9)])
 def test_tfds_dataset_trains_under_mock_data(tmp_path, algorithm, momentum):
   config = config_with(
-    dataset="mnist", algorithm=algorithm, momentum=momentum, batch_size=4, total_steps=3
+    {
+      "data.dataset": "mnist",
+      "optimizer.momentum": momentum,
+      "data.batch_size": 4,
+      "run.total_steps": 3,
+    },
+    algorithm=algorithm,
   )
   with tfds.testing.mock_data(num_examples=64):
     result = trainer.train_and_evaluate(config, str(tmp_path))
@@ -98,8 +104,15 @@ def test_tfds_dataset_trains_under_mock_data(tmp_path, algorithm, momentum):
 
 
 def test_divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-  config = config_with(learning_rate=1e6, total_steps=50, checkpoint_every=1, log_every=1)
-  with pytest.raises(trainer.TrainingDiverged, match=r"became (nan|inf) at step (\d+)") as error:
+  config = config_with(
+    {
+      "optimizer.learning_rate": 1e6,
+      "run.total_steps": 50,
+      "run.checkpoint_every": 1,
+      "run.log_every": 1,
+    }
+  )
+  with pytest.raises(TrainingDiverged, match=r"became (nan|inf) at step (\d+)") as error:
     trainer.train_and_evaluate(config, str(tmp_path))
   bad_step = int(re.search(r"at step (\d+)", str(error.value)).group(1))
   kept = sorted(int(name) for name in os.listdir(tmp_path / "checkpoints") if name.isdigit())
@@ -172,17 +185,25 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
   "overrides,message",
   [
     (["--config.algorithm=easgd"], "config.algorithm='easgd' is invalid: valid: async_easgd"),
-    (["--config.batch_size=501"], "config.batch_size=501 is invalid: must be <= 500"),
-    (["--config.foo=1"], "unknown config field 'foo' in --config.foo=1"),
+    (["--config.data.batch_size=501"], "config.data.batch_size=501 is invalid: must be <= 500"),
+    (["--config.foo=1"], "config.foo does not exist"),
+    (["--config.optimizer.learning_rat=1"], "did you mean config.optimizer.learning_rate"),
+    (
+      ["--config.learning_rate=0.2"],
+      "config.learning_rate is now config.optimizer.learning_rate",
+    ),
     (["--config.workers=abc"], "flag --config.workers=abc: invalid literal"),
     (
-      ["--config.algorithm=pipeline", "--config.stage_steps=0"],
-      "config.stage_steps=0 is invalid: must be an integer >= 1",
+      ["--config.algorithm=pipeline", "--config.pipeline.stage_steps=0"],
+      "config.pipeline.stage_steps=0 is invalid: must be an integer >= 1",
     ),
-    (["--config.batch_stats=mean"], "config.batch_stats='mean' is invalid: valid: averaged, local"),
     (
-      ["--num_processes=2", "--process_id=0", "--config.devices=3", "--config.workers=3"],
-      "config.devices=3 is invalid: must be a multiple of the 2 processes",
+      ["--config.outer.batch_stats=mean"],
+      "config.outer.batch_stats='mean' is invalid: valid: averaged, local",
+    ),
+    (
+      ["--num_processes=2", "--process_id=0", "--config.run.devices=3", "--config.workers=3"],
+      "config.run.devices=3 is invalid: must be a multiple of the 2 processes",
     ),
     (["--num_processes=2", "--process_id=2"], "--process_id=2 is invalid: must be in [0, 2)"),
   ],
@@ -201,8 +222,8 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides,
 def test_workdir_of_another_configuration_is_refused_untouched(resumed_runs):
   _, resumed, run = resumed_runs
   before = sorted(os.listdir(resumed / "checkpoints"))
-  result = _train_cli(resumed, *run, "--config.learning_rate=0.2")
+  result = _train_cli(resumed, *run, "--config.optimizer.learning_rate=0.2")
   assert result.returncode == 2
   assert "holds a checkpoint of another configuration" in result.stderr
-  assert "config.learning_rate is 0.1 there, 0.2 here" in result.stderr
+  assert "config.optimizer.learning_rate is 0.1 there, 0.2 here" in result.stderr
   assert sorted(os.listdir(resumed / "checkpoints")) == before

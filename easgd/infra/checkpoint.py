@@ -14,6 +14,7 @@ directory and renames it when complete, so a process killed while saving
 leaves no half-written checkpoint behind.
 """
 
+import json
 import os
 
 import jax
@@ -75,17 +76,23 @@ def saved_step(workdir: str) -> int | None:
 
 
 def saved_config(workdir: str) -> dict | None:
-  """The configuration of the newest readable checkpoint in `workdir`, or None; writes nothing."""
+  """The configuration of the newest readable checkpoint in `workdir`, or None; writes nothing.
+
+  Read from the files, not through a CheckpointManager: opening one joins
+  collectives, and the processes of a run ask this before they agree on
+  anything (one may already have created the directory that another has not
+  seen yet).
+  """
   path = directory(workdir)
   if not os.path.isdir(path):
     return None
-  with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False)) as manager:
-    for step in sorted(manager.all_steps(), reverse=True):
-      try:
-        restored = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
-      except Exception:  # noqa: BLE001 (a corrupt checkpoint; restore() reports it)
-        continue
-      return dict(restored.config)
+  # Orbax writes a checkpoint under a temporary name and renames it to its step.
+  for step in sorted((int(name) for name in os.listdir(path) if name.isdigit()), reverse=True):
+    try:
+      with open(os.path.join(path, str(step), "config", "metadata")) as handle:
+        return dict(json.load(handle))
+    except (OSError, ValueError):  # a corrupt checkpoint; restore() reports it
+      continue
   return None
 
 

@@ -15,7 +15,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from easgd.data import partition_indices
+from easgd.data.datasets import partition_indices
 from easgd.errors import ConfigError
 from easgd.rules import AXIS, TrainState
 
@@ -33,13 +33,13 @@ def make_mesh(num_devices: int) -> Mesh:
   devices = jax.devices()
   if num_devices > len(devices):
     raise ConfigError(
-      f"config.devices={num_devices} is invalid: only {len(devices)} "
+      f"config.run.devices={num_devices} is invalid: only {len(devices)} "
       f"{devices[0].platform} devices are available"
     )
   if jax.process_count() > 1 and num_devices != len(devices):
     # A process without a device in the mesh would hold nothing and run nothing.
     raise ConfigError(
-      f"config.devices={num_devices} is invalid: a run over {jax.process_count()} processes "
+      f"config.run.devices={num_devices} is invalid: a run over {jax.process_count()} processes "
       f"uses all their {len(devices)} devices (0 or {len(devices)})"
     )
   # Auto axes (not jax.make_mesh's Explicit default): shard_map and jit then

@@ -10,7 +10,7 @@ The statistics are not trained by gradients: the loss, computed with batch
 statistics, does not depend on s, so its gradient there is zero. Each
 forward pass returns s' = m*s + (1 - m)*(moments of the batch) instead, and
 a local step moves the statistics by u_s = s' - s. Whether the elastic
-exchange then also averages them into the center is `config.batch_stats`:
+exchange then also averages them into the center is `config.outer.batch_stats`:
   averaged: d_i = x_i - x~ over the whole tree, so with tau-step exchanges
             s_i <- s'_i - alpha*(s_i - s~),  s~ <- s~ + alpha*sum_i (s_i - s~)
             exactly as the parameters; the center is one usable model.
@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 
 STATS = "batch_stats"
-BATCH_STATS_CHOICES = ("averaged", "local")
+AVERAGED, LOCAL = "averaged", "local"
+BATCH_STATS_CHOICES = (AVERAGED, LOCAL)
 
 Tree = Any
 

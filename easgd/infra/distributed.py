@@ -6,7 +6,7 @@ by the environment of a cluster scheduler that JAX detects itself (SLURM,
 Open MPI) or JAX_COORDINATOR_ADDRESS. Otherwise the run is one process.
 
 Every process then sees the global device list; the mesh spans all of them
-and each process places only its own devices' shards (easgd.sharding).
+and each process places only its own devices' shards (easgd.infra.sharding).
 
 A lost peer: the coordination service expects a heartbeat from every
 process every --heartbeat_timeout seconds (JAX's default is 100 s). When one

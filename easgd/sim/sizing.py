@@ -1,4 +1,4 @@
-"""Steady state of the timing model (easgd/cluster.py) for P equal workers, in closed form.
+"""Steady state of the timing model (easgd/sim/timing.py) for P equal workers, in closed form.
 
 The clocks simulate a run event by event; this module solves the same model
 for its steady state, which is what sizing a cluster needs. Workers are
@@ -39,13 +39,23 @@ there, service, message back):
 import dataclasses
 import math
 
-from easgd import cluster as cluster_lib
+from easgd.sim import timing
+from easgd.sim.clocks import Policy
 
 SYNC, LOCKED, LOCK_FREE = (
   "synchronous",
   "parameter server with a lock",
   "lock-free parameter server",
 )
+
+
+def family_of(policy: Policy | None) -> str:
+  """The steady-state family of a rule whose master serves with `policy` (None: synchronous)."""
+  if policy is None:
+    return SYNC
+  return LOCK_FREE if policy == Policy.HOGWILD else LOCKED
+
+
 # The largest worker count the search for P* looks at.
 MAX_WORKERS = 2**30
 
@@ -54,7 +64,7 @@ MAX_WORKERS = 2**30
 class Timing:
   """The steady state of one rule family on one cluster, as a function of P."""
 
-  cluster: cluster_lib.Cluster
+  cluster: timing.Cluster
   model_bytes: float
   compute_time: float  # t_c
   period: int  # tau
@@ -128,7 +138,7 @@ class Timing:
     lines = [f"t_c = {t_c:.4g} s, tau = {tau}, W = {self.model_bytes:.4g} B, P = {workers}"]
     if self.family == SYNC:
       shape = (
-        "2 ceil(log2 P)(L + W/B)" if c.allreduce == cluster_lib.TREE else "2(P-1)(L + W/(P B))"
+        "2 ceil(log2 P)(L + W/B)" if c.allreduce == timing.Allreduce.TREE else "2(P-1)(L + W/(P B))"
       )
       lines += [
         f"{c.allreduce} all-reduce A(P) = {shape}, "

@@ -11,8 +11,8 @@ stage s it trains on partition
 
     d(m, s) = (m // k + s) mod D,
 
-and after D stages it has seen every partition once. With k = 1 this is
-ALGORITHMS.md's "device d trains model (d - s) mod M".
+and after D stages it has seen every partition once. With k = 1, device d
+trains model (d - s) mod M at stage s (docs/algorithms.md).
 
 Each model m has its own hyper-parameters, held as arrays in its optimizer
 state (optax.inject_hyperparams), so M models of one run are a sweep:
@@ -27,7 +27,7 @@ Model m's initial parameters come from its seed; its batches are drawn from
 partition per stage, like the workers' batches of the other rules.
 A model's BatchNorm statistics are part of its state and move with it; the
 optimizer sees its parameters only, and each step sets the statistics to
-the forward pass's s' (easgd.model_state).
+the forward pass's s' (easgd.rules.model_state).
 """
 
 from collections.abc import Sequence
@@ -40,9 +40,10 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from easgd import augment as augment_lib
-from easgd import model_state, sharding, steps
-from easgd.rules import AXIS, LossFn
+from easgd import steps
+from easgd.data import augment as augment_lib
+from easgd.infra import sharding
+from easgd.rules import AXIS, LossFn, model_state
 
 
 @struct.dataclass
@@ -63,6 +64,31 @@ class PipelineState:
   opt: object
   model_id: jax.Array
   data_key: jax.Array
+
+
+# The config fields the pipeline's trajectory depends on, beyond the common
+# ones (easgd.config): its SGD and its own group.
+READS = (
+  "optimizer.learning_rate",
+  "optimizer.momentum",
+  "optimizer.nesterov",
+  "optimizer.weight_decay",
+  "pipeline.models",
+  "pipeline.stage_steps",
+  "pipeline.per_model.learning_rate",
+  "pipeline.per_model.momentum",
+  "pipeline.per_model.weight_decay",
+  "pipeline.per_model.seed",
+)
+# The values a model may set for itself (pipeline.per_model.*), and the
+# config field each one replaces for that model.
+PER_MODEL_SOURCE = {
+  "learning_rate": "optimizer.learning_rate",
+  "momentum": "optimizer.momentum",
+  "weight_decay": "optimizer.weight_decay",
+  "seed": "seed",
+}
+PER_MODEL_FIELDS = tuple(PER_MODEL_SOURCE)
 
 
 def _sgd(learning_rate, momentum, weight_decay, nesterov: bool):

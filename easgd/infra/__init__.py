@@ -1,0 +1,2 @@
+"""Infrastructure that knows no algorithm: the device mesh and layouts, checkpoints,
+TensorBoard events, several processes and preemption."""

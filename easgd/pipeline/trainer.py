@@ -1,0 +1,169 @@
+"""The pipeline's part of the training loop: M models, one TensorBoard run each.
+
+Each model m writes to <workdir>/model_<m> the tags of the other rules
+(train/loss, train/accuracy, train/images_per_sec, eval/center_accuracy: the
+model is its own center) and an HParams summary with its hyper-parameters,
+so TensorBoard's HParams dashboard lists the models side by side.
+"""
+
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from easgd import loop, schema
+from easgd.data import augment as augment_lib
+from easgd.infra import metrics, sharding
+from easgd.pipeline import programs
+
+
+def per_model_values(config: ml_collections.ConfigDict) -> dict[str, list]:
+  """Each model's learning_rate, momentum, weight_decay and seed: M values each."""
+  models = config.pipeline.models
+  values = {}
+  for field in programs.PER_MODEL_FIELDS:
+    given = list(config.pipeline.per_model[field])
+    shared = schema.lookup(config, programs.PER_MODEL_SOURCE[field])
+    default = [shared + m for m in range(models)] if field == "seed" else [shared] * models
+    values[field] = given or default
+  return values
+
+
+def model_hparams(config: ml_collections.ConfigDict, values: dict, m: int) -> dict:
+  """Model m's hyper-parameters for the HParams dashboard: the run's, with its own values."""
+  shared = {
+    field: value
+    for field, value in schema.hparams_of(config).items()
+    if not field.startswith("pipeline.per_model.")
+  }
+  return shared | {source: values[field][m] for field, source in programs.PER_MODEL_SOURCE.items()}
+
+
+def _by_model(slot_values: np.ndarray, slot_models: np.ndarray) -> np.ndarray:
+  """Slot-ordered values -> model-ordered."""
+  ordered = np.empty_like(slot_values)
+  ordered[slot_models] = slot_values
+  return ordered
+
+
+class PipelineTrainee:
+  """The pipeline's part of the loop: its state, step and move programs, M writers."""
+
+  def __init__(self, setup: loop.Setup, runner: programs.Pipeline, state, values: dict):
+    config = setup.config
+    self.setup, self.runner, self.state, self.values = setup, runner, state, values
+    self.num_models = runner.num_models
+    self.writers = [
+      metrics.MetricWriter(os.path.join(setup.workdir, f"model_{m}"), label=f"model_{m}")
+      for m in range(self.num_models)
+    ]
+    self.local_step = (
+      programs.build_step(
+        runner,
+        setup.loss_fn,
+        setup.mesh,
+        state,
+        config.data.batch_size,
+        augment_lib.get(config.data.augment),
+      )
+      .lower(state, setup.train_images, setup.train_labels)
+      .compile()
+    )
+    self.move = programs.build_move(runner, setup.mesh, state).lower(state).compile()
+    self.step_count = int(jax.device_get(state.step))
+    self.slot_models = self._slot_models()  # which model is in each slot
+    self.sums, self.summed_steps = np.zeros((2, self.num_models)), 0
+
+  def _slot_models(self) -> np.ndarray:
+    return np.asarray(sharding.fetch(self.state.model_id))
+
+  def write_config(self) -> None:
+    for m, writer in enumerate(self.writers):
+      this_model = {"this_model": model_hparams(self.setup.config, self.values, m)}
+      text = json.dumps(self.setup.config.to_dict() | this_model, indent=2)
+      writer.text("config", "```\n" + text + "\n```")
+
+  def step(self):
+    setup = self.setup
+    self.state, step_metrics = self.local_step(self.state, setup.train_images, setup.train_labels)
+    # The metrics are read with the slots' models of this step, before any move.
+    slot_models = self.slot_models
+    self.step_count += 1
+    if self.step_count % self.runner.stage_steps == 0:
+      self.state = self.move(self.state)
+      self.slot_models = self._slot_models()
+    return step_metrics, slot_models
+
+  def add(self, values, slot_models) -> np.ndarray:
+    loss = _by_model(values["loss"], slot_models)
+    self.sums += (loss, _by_model(values["accuracy"], slot_models))
+    self.summed_steps += 1
+    return loss
+
+  def log(self, step, train_seconds):
+    images_per_sec = self.summed_steps * self.setup.config.data.batch_size / train_seconds
+    final = {}
+    for m, writer in enumerate(self.writers):
+      scalars = {
+        "train/loss": self.sums[0, m] / self.summed_steps,
+        "train/accuracy": self.sums[1, m] / self.summed_steps,
+        "train/images_per_sec": images_per_sec,
+      }
+      writer.scalars(step, scalars)
+      final.update({f"model_{m}/{tag}": value for tag, value in scalars.items()})
+    logging.info("step %d: %.0f model-images/s", step, images_per_sec * self.num_models)
+    self.sums[:], self.summed_steps = 0.0, 0
+    return final
+
+  def evaluate(self, step):
+    accuracies = self.setup.evaluator.worker_accuracies(self.state.models)
+    accuracies = _by_model(accuracies, self.slot_models)
+    final = {}
+    for m, writer in enumerate(self.writers):
+      writer.scalars(step, {"eval/center_accuracy": float(accuracies[m])})
+      final[f"model_{m}/eval/center_accuracy"] = float(accuracies[m])
+    return final
+
+  def save(self):
+    self.setup.checkpointer.save(self.state, {}, self.setup.config)
+
+  def finish(self):
+    for m, writer in enumerate(self.writers):
+      writer.hparams(model_hparams(self.setup.config, self.values, m))
+
+  def flush(self):
+    for writer in self.writers:
+      writer.flush()
+
+  def close(self):
+    for writer in self.writers:
+      writer.close()
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> loop.TrainResult:
+  """Trains config.pipeline.models models in `workdir`, resuming from its newest checkpoint."""
+  # Data: one partition a device, placed once; they never move.
+  setup = loop.setup(config, workdir, parts_per_device=1)
+  pipeline = config.pipeline
+  setup.log_run(f"pipeline: {pipeline.models} models, {pipeline.stage_steps} steps a stage")
+  values = per_model_values(config)
+  runner = programs.Pipeline(
+    pipeline.models, setup.mesh.size, pipeline.stage_steps, config.optimizer.nesterov
+  )
+  hypers = [np.asarray(values["seed"], np.int32)] + [
+    np.asarray(values[field], np.float32) for field in ("learning_rate", "momentum", "weight_decay")
+  ]
+  state = programs.init_state(runner, setup.init_params, hypers, setup.mesh)
+  checkpointer = setup.checkpointer
+  resuming = checkpointer.latest_step() is not None
+  if resuming:
+    resumed, state, _ = checkpointer.restore(state)
+    logging.info("resumed from the checkpoint of step %d", resumed)
+  trainee = PipelineTrainee(setup, runner, state, values)
+  if not resuming:
+    trainee.write_config()
+  final, preempted = loop.run(config, trainee, trainee.step_count, checkpointer)
+  return loop.TrainResult(state=trainee.state, metrics=final, preempted=preempted)

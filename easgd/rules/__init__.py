@@ -1,0 +1,26 @@
+"""Update rules: pure functions over one sharded training state.
+
+base:             the interface (`Rule`, `TrainState`, `Hyper`) and shared steps.
+sync:             Sync SGD, Sync EASGD, Sync MEASGD.
+parameter_server: the master-and-workers family, driven by the simulator's ticks.
+model_state:      parameters and BatchNorm statistics in one tree.
+registry:         `config.algorithm` -> rule class.
+
+The names below are the interface the rest of the project uses.
+"""
+
+from easgd.rules.base import AXIS, Hyper, LossFn, Momentum, Rule, TickInputs, TrainState
+from easgd.rules.registry import RULES, make_rule, names
+
+__all__ = [
+  "AXIS",
+  "RULES",
+  "Hyper",
+  "LossFn",
+  "Momentum",
+  "Rule",
+  "TickInputs",
+  "TrainState",
+  "make_rule",
+  "names",
+]

@@ -1,0 +1,269 @@
+"""Update rules: pure functions over one sharded training state.
+
+Every rule maps `(state, batch) -> (state, metrics)` for one training step.
+`Rule.step` is written in SPMD form: it runs on every device inside
+`jax.shard_map` over the 1-D mesh axis `workers`, and sees only that
+device's slice of the worker-indexed leaves (`workers`, `worker_opt` and the
+batch, each with a leading axis of P/D local workers). Quantities over all P
+workers are formed as a local sum followed by one all-reduce (`lax.psum`),
+which replaces the master of the original algorithms by a tree reduction.
+
+Notation (as in the papers): P workers with parameters x_i, center x~,
+learning rate eta, moving rate alpha, communication period tau, momentum mu
+(classic) or delta (Nesterov), g_i the stochastic gradient of worker i on its
+own mini-batch (plus lambda*x_i with weight decay lambda). `state.step`
+counts the steps taken so far (t).
+
+A model with BatchNorm is the tree {"params", "batch_stats"}; a local step
+moves its statistics to the forward pass's s' and the exchanges move them
+with the parameters or not, as `Hyper.average_stats` says
+(`easgd.rules.model_state` has the equations).
+
+Each step also receives a `tick`: the replicated arrays of `easgd.sim.ticks.Tick`
+that say which workers step and which requests the master serves. The
+synchronous rules (`easgd.rules.sync`) get an empty tick; the
+parameter-server rules (`easgd.rules.parameter_server`) are driven by it.
+
+Every rule class declares what it is and what it accepts (`Rule.momentum`,
+`nesterov`, `elastic`, `policy`, `batch_stats`, `reads`); validation, the
+planner, the studies and the benchmarks ask the registry
+(`easgd.rules.registry`), never a list of names. docs/algorithms.md has
+every rule's equations.
+"""
+
+import abc
+import dataclasses
+import enum
+import functools
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax import lax
+
+from easgd.rules import model_state
+from easgd.sim import clocks, ticks, timing
+
+AXIS = "workers"
+
+Params = Any
+Batch = Any
+Metrics = dict[str, jax.Array]
+# loss_fn(params, batch) -> (mean loss, {"accuracy": mean accuracy}) for one worker;
+# a model with BatchNorm also returns its updated statistics as aux["batch_stats"].
+LossFn = Callable[[Params, Batch], tuple[jax.Array, dict[str, jax.Array]]]
+# cluster.Tick.device_inputs(), or {} for the synchronous rules.
+TickInputs = dict[str, jax.Array]
+
+
+@struct.dataclass
+class TrainState:
+  """Everything a run needs to continue: checkpointing this is enough to resume.
+
+  Attributes:
+    step: number of steps (ticks) taken, int32 scalar.
+    rng: PRNG key of the run. Data order (and any other randomness) is a pure
+      function of (rng, worker, worker_steps), so it needs no state of its own.
+    center: the center variable x~; for sync_sgd the one shared x.
+    center_opt: optimizer state of the center (sync_sgd), else ().
+    workers: the workers' parameters x_i, stacked on a leading axis of size P
+      (sharded over the mesh); () for sync_sgd, whose workers share x.
+    worker_opt: the workers' other state (velocities v_i, accumulated
+      gradients, increments in flight), stacked like `workers`; () when the
+      rule keeps none.
+    worker_steps: local steps each worker has taken, int32 [P]; it picks the
+      worker's next batch.
+  """
+
+  step: jax.Array
+  rng: jax.Array
+  center: Params
+  center_opt: Any
+  workers: Params
+  worker_opt: Any
+  worker_steps: jax.Array
+
+
+def _config(path: str, convert: Callable[[Any], Any] | None = None, **default) -> Any:
+  """A Hyper field read from the config field `path` (dotted), through `convert`."""
+  return dataclasses.field(metadata={"config": path, "convert": convert}, **default)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyper:
+  """Hyper-parameters shared by the rules (static: baked into the program).
+
+  Each field names the config field it comes from (`Hyper.from_config`).
+  """
+
+  num_workers: int = _config("workers")
+  learning_rate: float = _config("optimizer.learning_rate")  # eta
+  momentum: float = _config("optimizer.momentum", default=0.0)  # mu, or delta with nesterov
+  nesterov: bool = _config("optimizer.nesterov", default=False)
+  comm_period: int = _config("outer.comm_period", default=1)  # tau
+  moving_rate: float = _config("outer.moving_rate", default=0.0)  # alpha
+  n_sync: int = _config("downpour.n_sync", default=1)
+  server_optimizer: str = _config("downpour.server_optimizer", default="sgd")
+  # lambda: g_i is the gradient of loss + (lambda/2)*|x|^2
+  weight_decay: float = _config("optimizer.weight_decay", default=0.0)
+  # BatchNorm statistics: averaged into the center, or local to each worker.
+  average_stats: bool = _config(
+    "outer.batch_stats", lambda mode: mode == model_state.AVERAGED, default=True
+  )
+
+  @classmethod
+  def from_config(cls, config) -> "Hyper":
+    """The rule's hyper-parameters from a (grouped) config."""
+    values = {}
+    for field in dataclasses.fields(cls):
+      value = functools.reduce(
+        lambda group, key: group[key], field.metadata["config"].split("."), config
+      )
+      convert = field.metadata["convert"]
+      values[field.name] = convert(value) if convert else value
+    return cls(**values)
+
+
+def stack_workers(tree: Params, count: int) -> Params:
+  return jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (count, *leaf.shape)), tree)
+
+
+def initial_state(rng, center, center_opt, workers, worker_opt, num_workers) -> TrainState:
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    rng=rng,
+    center=center,
+    center_opt=center_opt,
+    workers=workers,
+    worker_opt=worker_opt,
+    worker_steps=jnp.zeros((num_workers,), jnp.int32),
+  )
+
+
+def sum_over_workers(tree: Params) -> Params:
+  """sum_i tree_i over all P workers: a local sum, then one all-reduce."""
+  return jax.tree.map(lambda leaf: lax.psum(leaf.sum(axis=0), AXIS), tree)
+
+
+def step_metrics(loss: jax.Array, aux: dict[str, jax.Array], num_workers: int) -> Metrics:
+  """Mean over all workers of each worker's loss and accuracy."""
+  return {
+    "loss": lax.psum(loss.sum(), AXIS) / num_workers,
+    "accuracy": lax.psum(aux["accuracy"].sum(), AXIS) / num_workers,
+  }
+
+
+def decayed(hyper: Hyper, grads: Params, at: Params) -> Params:
+  """g + lambda*x on the parameters (weight decay); BatchNorm statistics untouched."""
+  if not hyper.weight_decay:
+    return grads
+  params = jax.tree.map(
+    lambda g, x: g + hyper.weight_decay * x, model_state.trainable(grads), model_state.trainable(at)
+  )
+  return model_state.with_trainable(grads, params)
+
+
+def sgd_update(hyper: Hyper, workers: Params, batch: Batch, loss_fn: LossFn):
+  """Local SGD step of the local workers: returns (u_i = -eta*g_i(x_i), g_i, loss_i, aux_i);
+  u_i moves BatchNorm statistics to s'_i."""
+  (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(workers, batch)
+  grads = decayed(hyper, grads, workers)
+  updates = jax.tree.map(lambda g: -hyper.learning_rate * g, grads)
+  return model_state.stats_step(updates, workers, aux), grads, loss, aux
+
+
+def momentum_update(hyper: Hyper, workers: Params, velocity: Params, batch: Batch, loss_fn):
+  """Local momentum step: returns (new v_i, u_i, loss_i, aux_i), where
+  classic (mu):             v_i <- mu*v_i - eta*g_i(x_i)
+  Nesterov, EAMSGD (delta): v_i <- delta*v_i - eta*g_i(x_i + delta*v_i)
+  and the step u_i = v_i, with BatchNorm statistics moved to s'_i (their
+  velocity stays zero: their gradient is).
+  """
+  mu, eta = hyper.momentum, hyper.learning_rate
+  if hyper.nesterov:
+    at = jax.tree.map(lambda x, v: x + mu * v, workers, velocity)
+  else:
+    at = workers
+  (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(at, batch)
+  grads = decayed(hyper, grads, at)
+  velocity = jax.tree.map(lambda v, g: mu * v - eta * g, velocity, grads)
+  return velocity, model_state.stats_step(velocity, workers, aux), loss, aux
+
+
+class Momentum(enum.StrEnum):
+  """Whether a rule's optimizer takes momentum (optimizer.momentum)."""
+
+  NONE = "none"  # momentum must be 0
+  OPTIONAL = "optional"  # 0 (plain SGD) or in (0, 1)
+  REQUIRED = "required"  # in (0, 1)
+
+
+# Config fields every rule reads: the local step's learning rate and weight decay.
+BASE_READS = ("optimizer.learning_rate", "optimizer.weight_decay")
+# And those of an elastic exchange.
+ELASTIC_READS = ("outer.comm_period", "outer.moving_rate", "outer.batch_stats")
+
+
+class Rule(abc.ABC):
+  """The one interface the training loop knows.
+
+  A rule class declares what it is and accepts; validation, the planner,
+  the studies and the benchmarks read these, never a list of names:
+    name:        the registry name (`config.algorithm`).
+    momentum:    whether its optimizer takes momentum (`Momentum`).
+    nesterov:    whether that momentum may be Nesterov's.
+    elastic:     whether it has an elastic exchange (moving rate, period).
+    policy:      None for a synchronous rule; for a parameter-server rule the
+                 master's discipline (`easgd.sim.clocks.Policy`).
+    batch_stats: the `outer.batch_stats` modes it supports for BatchNorm models.
+    reads:       the config fields of the algorithm groups (optimizer, outer,
+                 downpour) that its trajectory depends on; the others may
+                 differ when a checkpoint is resumed and are left out of
+                 its HParams.
+  """
+
+  name: ClassVar[str]
+  momentum: ClassVar[Momentum] = Momentum.NONE
+  nesterov: ClassVar[bool] = False
+  elastic: ClassVar[bool] = False
+  policy: ClassVar[clocks.Policy | None] = None
+  batch_stats: ClassVar[tuple[str, ...]] = model_state.BATCH_STATS_CHOICES
+  reads: ClassVar[tuple[str, ...]] = BASE_READS
+
+  @classmethod
+  def parameter_server(cls) -> bool:
+    """Whether a master serves the workers' requests (asynchronous rules)."""
+    return cls.policy is not None
+
+  def __init__(self, hyper: Hyper):
+    self.hyper = hyper
+
+  @abc.abstractmethod
+  def init(self, params: Params, rng: jax.Array) -> TrainState:
+    """Builds the state at step 0 from one set of initial parameters."""
+
+  @abc.abstractmethod
+  def step(
+    self, state: TrainState, batch: Batch, loss_fn: LossFn, tick: TickInputs
+  ) -> tuple[TrainState, Metrics]:
+    """One training step (tick), per device inside shard_map over `AXIS`."""
+
+  @abc.abstractmethod
+  def worker_params(self, state: TrainState) -> Params:
+    """The parameters each worker evaluates with, stacked on a leading axis."""
+
+  @property
+  @abc.abstractmethod
+  def period(self) -> int:
+    """Local steps of a worker between two of its exchanges."""
+
+  def make_clock(self, cluster: timing.Cluster, model_bytes: int, seed: int) -> clocks.Clock:
+    """The schedule of this rule on `cluster`: all workers in lockstep."""
+    return clocks.SyncClock(cluster, self.hyper.num_workers, model_bytes, seed, self.period)
+
+  def tick_inputs(self, tick: ticks.Tick) -> TickInputs:
+    """What the device program needs of a tick: nothing, for lockstep rules."""
+    del tick
+    return {}

@@ -1,0 +1,43 @@
+"""The registry of update rules: `config.algorithm` names one of these.
+
+A new rule is one class (declaring what it accepts, see `easgd.rules.base.Rule`)
+and one line here.
+"""
+
+from easgd.rules import parameter_server, sync
+from easgd.rules.base import Hyper, Rule
+
+RULES: dict[str, type[Rule]] = {
+  rule.name: rule
+  for rule in (
+    sync.SyncSGD,
+    sync.SyncEASGD,
+    sync.SyncMEASGD,
+    parameter_server.OriginalEASGD,
+    parameter_server.AsyncEASGD,
+    parameter_server.AsyncMEASGD,
+    parameter_server.HogwildEASGD,
+    parameter_server.AsyncSGD,
+    parameter_server.AsyncMSGD,
+    parameter_server.HogwildSGD,
+    parameter_server.Downpour,
+  )
+}
+
+
+def make_rule(name: str, hyper: Hyper) -> Rule:
+  """Returns the rule registered under `name`."""
+  if name not in RULES:
+    raise KeyError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(RULES))}")
+  return RULES[name](hyper)
+
+
+def names(*, parameter_server: bool | None = None, elastic: bool | None = None) -> list[str]:
+  """Registered rule names, in registry order, optionally only those that are (or are not)
+  parameter-server rules or elastic."""
+  return [
+    name
+    for name, rule in RULES.items()
+    if (parameter_server is None or rule.parameter_server() == parameter_server)
+    and (elastic is None or rule.elastic == elastic)
+  ]

@@ -1,0 +1,147 @@
+"""The grouped configuration: which fields a run's trajectory
+depends on, which may change on resume, which are hyper-parameters, and
+where the old flat names went.
+
+Groups (configs/default.py; README, "Configuring runs"):
+  algorithm, model, workers, seed   what is trained, by whom
+  data.*                            the dataset and each worker's batches
+  optimizer.*                       the local step
+  outer.*                           the center and the exchanges with it
+  downpour.*                        Downpour's workers and master
+  pipeline.*                        the pipeline's models and stages
+  cluster.*                         the timing model (easgd.sim.timing)
+  device.*                          the device, for the planner only
+  run.*                             how long, where, what is reported
+
+Nothing here is a list of fields kept by hand: a field's role follows from
+its group and from what the algorithm declares it reads (`Rule.reads`, the
+pipeline's `READS`):
+  * `run.*` and `device.*` never change the trajectory;
+  * the algorithm groups (optimizer, outer, downpour, pipeline) change it
+    only where the algorithm reads them;
+  * every other field always does.
+A checkpoint resumes under other values of the fields that do not change
+the trajectory, and only the fields that do are hyper-parameters.
+"""
+
+import functools
+import json
+import math
+
+import ml_collections
+
+from easgd.pipeline import programs as pipeline_programs
+from easgd.rules import RULES
+
+PIPELINE = "pipeline"
+ALGORITHMS = (*RULES, PIPELINE)
+RUN_GROUPS = ("run", "device")
+ALGORITHM_GROUPS = ("optimizer", "outer", "downpour", "pipeline")
+
+# Flat names of earlier versions -> their grouped names.
+MOVED = {
+  "dataset": "data.dataset",
+  "data_dir": "run.data_dir",
+  "augment": "data.augment",
+  "batch_size": "data.batch_size",
+  "devices": "run.devices",
+  "learning_rate": "optimizer.learning_rate",
+  "momentum": "optimizer.momentum",
+  "nesterov": "optimizer.nesterov",
+  "weight_decay": "optimizer.weight_decay",
+  "comm_period": "outer.comm_period",
+  "moving_rate": "outer.moving_rate",
+  "batch_stats": "outer.batch_stats",
+  "n_sync": "downpour.n_sync",
+  "server_optimizer": "downpour.server_optimizer",
+  "models": "pipeline.models",
+  "stage_steps": "pipeline.stage_steps",
+  "per_model": "pipeline.per_model",
+  "cluster.device_memory": "device.memory",
+  "cluster.device_flops": "device.flops",
+  "total_steps": "run.total_steps",
+  "log_every": "run.log_every",
+  "eval_every": "run.eval_every",
+  "checkpoint_every": "run.checkpoint_every",
+}
+
+
+def moved(field: str) -> str | None:
+  """The grouped name of an old flat field name (or of a field under it), or None."""
+  for old, new in MOVED.items():
+    if field == old or field.startswith(old + "."):
+      return new + field[len(old) :]
+  return None
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The configuration every config file starts from (configs/default.py)."""
+  from easgd.configs import default  # noqa: PLC0415 (configs import the package)
+
+  return default.get_config()
+
+
+def lookup(config, path: str):
+  """config["a"]["b"] for path "a.b"."""
+  return functools.reduce(lambda group, key: group[key], path.split("."), config)
+
+
+def flatten(values: dict, prefix: str = "") -> dict:
+  """{"cluster": {"latency": 1}} -> {"cluster.latency": 1}, through JSON (tuples become lists)."""
+  flat = {}
+  for key, value in json.loads(json.dumps(values)).items():
+    if isinstance(value, dict):
+      flat.update(flatten(value, f"{prefix}{key}."))
+    else:
+      flat[prefix + key] = value
+  return flat
+
+
+def reads(algorithm: str) -> tuple[str, ...]:
+  """The algorithm-group fields that `algorithm`'s trajectory depends on."""
+  return pipeline_programs.READS if algorithm == PIPELINE else RULES[algorithm].reads
+
+
+def shapes_trajectory(field: str, algorithm: str) -> bool:
+  """Whether the dotted `field` can change what `algorithm` trains (see the module doc)."""
+  group = field.split(".", maxsplit=1)[0]
+  if group in RUN_GROUPS:
+    return False
+  if group in ALGORITHM_GROUPS:
+    return any(field == read or field.startswith(read + ".") for read in reads(algorithm))
+  return True
+
+
+def units(config: ml_collections.ConfigDict) -> int:
+  """What is spread over the devices: the pipeline's models, or the rules' workers."""
+  return config.pipeline.models if config.algorithm == PIPELINE else config.workers
+
+
+def resolve_devices(config: ml_collections.ConfigDict, available: int = 8) -> int:
+  """config.run.devices, or for 0 the largest divisor of the units <= min(units, 8, available).
+
+  train.py creates that many virtual CPU devices (available = 8) before JAX
+  starts; the trainers pass the devices there are, which gives the same
+  number on a CPU.
+  """
+  if config.run.devices:
+    return config.run.devices
+  count = units(config)
+  limit = min(count, 8, available)
+  return max(d for d in range(1, limit + 1) if count % d == 0)
+
+
+def _hparam(value):
+  """A value the HParams dashboard shows: tuples and infinities as strings."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return str(value)
+  return value if isinstance(value, (str, bool, int, float)) else str(tuple(value))
+
+
+def hparams_of(config: ml_collections.ConfigDict) -> dict:
+  """The fields that shape the run's trajectory, for TensorBoard's HParams dashboard."""
+  return {
+    field: _hparam(value)
+    for field, value in flatten(config.to_dict()).items()
+    if shapes_trajectory(field, config.algorithm)
+  }

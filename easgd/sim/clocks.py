@@ -1,0 +1,270 @@
+"""Clocks: the timing model (easgd.sim.timing) turned into a run's schedule of ticks.
+
+A clock advances one *tick* at a time (easgd.sim.ticks). For the synchronous
+rules a tick is one step of every worker (`SyncClock`); for the
+parameter-server rules `AsyncClock` runs a discrete-event simulation of
+workers and master and packs its events into ticks (easgd.sim.events) so
+that each worker's own events and the master's order of service keep their
+order. Slow workers therefore sit out ticks and take fewer steps.
+"""
+
+import abc
+import enum
+import heapq
+
+import numpy as np
+
+from easgd.sim.events import TickPacker
+from easgd.sim.ticks import OpKind, Tick
+from easgd.sim.timing import Cluster, allreduce_bytes
+
+
+class Policy(enum.StrEnum):
+  """How the master serves requests."""
+
+  FCFS = "fcfs"  # one at a time in arrival order, under a lock
+  ROUND_ROBIN = "round_robin"  # one at a time in worker order
+  HOGWILD = "hogwild"  # no lock: read on arrival, write a service time later
+
+
+class _Event(enum.IntEnum):
+  """Simulation events, in the order they are handled when they fall on the same
+  time: a write that lands when another request arrives is seen by that request."""
+
+  WRITE = 0
+  ARRIVE = 1
+  DONE = 2
+  START = 3
+
+
+class Clock(abc.ABC):
+  """Yields the ticks of a run and keeps the run's totals; its state is saved
+  with every checkpoint."""
+
+  def __init__(self, cluster: Cluster, num_workers: int, model_bytes: int, seed: int):
+    self.cluster = cluster
+    self.num_workers = num_workers
+    self.model_bytes = model_bytes
+    self.seed = seed
+    self.mean_step_times = cluster.mean_step_times(num_workers)
+    self.time = 0.0
+    self.worker_steps = np.zeros(num_workers, np.int64)
+    self.requests = np.zeros(num_workers, np.int64)
+    self.bytes_sent = np.zeros(num_workers)
+
+  def _step_time(self, worker: int, step: int) -> float:
+    return self.cluster.step_time(self.mean_step_times[worker], self.seed, worker, step)
+
+  def next_tick(self) -> Tick:
+    """Advances the simulation by one tick."""
+    tick = self._advance()
+    self.time = tick.time
+    self.worker_steps += tick.local
+    self.requests += tick.requests
+    self.bytes_sent += tick.bytes_sent
+    return tick
+
+  @abc.abstractmethod
+  def _advance(self) -> Tick:
+    """The next tick."""
+
+  def state_dict(self) -> dict:
+    """Everything needed to continue, as JSON-serialisable values."""
+    return {
+      "time": self.time,
+      "worker_steps": self.worker_steps.tolist(),
+      "requests": self.requests.tolist(),
+      "bytes_sent": self.bytes_sent.tolist(),
+    }
+
+  def load_state_dict(self, state: dict) -> None:
+    """Continues from a `state_dict()`."""
+    self.time = float(state["time"])
+    self.worker_steps = np.array(state["worker_steps"], np.int64)
+    self.requests = np.array(state["requests"], np.int64)
+    self.bytes_sent = np.array(state["bytes_sent"], np.float64)
+
+
+class SyncClock(Clock):
+  """All workers take their steps together; every `period`-th step ends with a
+  barrier and a ring all-reduce.
+
+  Between all-reduces each worker runs at its own pace; the all-reduce starts
+  when the slowest worker arrives and ends `allreduce_time` later for all.
+  A tick's time is that of the latest worker.
+  """
+
+  def __init__(self, cluster, num_workers, model_bytes, seed, period: int):
+    super().__init__(cluster, num_workers, model_bytes, seed)
+    self.period = period
+    self.steps = 0
+    self._worker_time = np.zeros(num_workers)
+
+  def _advance(self) -> Tick:
+    step = self.steps
+    self.steps += 1
+    for i in range(self.num_workers):
+      self._worker_time[i] += self._step_time(i, step)
+    requests = np.zeros(self.num_workers, np.int64)
+    bytes_sent = np.zeros(self.num_workers)
+    if self.steps % self.period == 0 and self.num_workers > 1:
+      allreduce = self.cluster.allreduce_time(self.model_bytes, self.num_workers)
+      self._worker_time[:] = self._worker_time.max() + allreduce
+      requests[:] = 1
+      bytes_sent[:] = allreduce_bytes(self.model_bytes, self.num_workers)
+    local = np.ones(self.num_workers, bool)
+    return Tick(float(self._worker_time.max()), local, [], [], [], requests, bytes_sent)
+
+  def state_dict(self):
+    return {**super().state_dict(), "steps": self.steps, "worker_time": self._worker_time.tolist()}
+
+  def load_state_dict(self, state):
+    super().load_state_dict(state)
+    self.steps = int(state["steps"])
+    self._worker_time = np.array(state["worker_time"], np.float64)
+
+
+class AsyncClock(Clock):
+  """A parameter server and its workers, simulated event by event.
+
+  A worker's life is a loop of steps. Every `period`-th step includes a
+  request to the master: one message there (the worker's parameters, or its
+  accumulated gradient), the master's service, one message back.
+    * exchange_first=True (the EASGD family): the request is sent at the
+      start of the step, and the step's gradient is computed after the
+      reply, at the parameters the worker had sent (the paper's Algorithm 1:
+      both the elastic term and the gradient use x_i before the step).
+    * exchange_first=False (SGD family, Downpour): the gradient is computed
+      first and pushed at the end of the step; the reply holds the fresh
+      parameters.
+  Events are packed into ticks by `TickPacker` (easgd.sim.events).
+  The master serves
+    * fcfs: requests one at a time in arrival order (a lock; requests that
+      find it busy queue);
+    * round_robin: one at a time in worker order 0, 1, ..., P-1, 0, ...
+      (worker i's k-th request waits for worker i-1's k-th);
+    * hogwild: without a lock: a request reads the master's parameters on
+      arrival and writes its increment the service time later; requests that
+      overlap read the same snapshot and all their increments are added.
+  """
+
+  def __init__(
+    self,
+    cluster,
+    num_workers,
+    model_bytes,
+    seed,
+    period: int,
+    policy: Policy,
+    exchange_first: bool,
+  ):
+    super().__init__(cluster, num_workers, model_bytes, seed)
+    self.period = period
+    self.policy = policy
+    self.exchange_first = exchange_first
+    self.message = cluster.message_time(model_bytes)
+    self.service = cluster.service_time(model_bytes)
+    self._heap: list[tuple[float, _Event, int]] = []
+    self._begun = [0] * num_workers  # steps begun by each worker
+    self._missed = [0] * num_workers  # others' master updates since a worker's last read
+    self._master_free = 0.0
+    self._turn = 0
+    self._waiting: dict[int, float] = {}  # round robin: worker -> arrival time
+    # Ticks still open to events, from the next one to be released on.
+    self._ticks = TickPacker(num_workers)
+    for worker in range(num_workers):
+      self._begin_step(worker, 0.0)
+
+  # The simulation.
+
+  def _push(self, time: float, kind: _Event, worker: int) -> None:
+    heapq.heappush(self._heap, (time, kind, worker))
+
+  def _begin_step(self, worker: int, time: float) -> None:
+    step = self._begun[worker]
+    self._begun[worker] += 1
+    if self.exchange_first and (step + 1) % self.period == 0:
+      self._push(time + self.message, _Event.ARRIVE, worker)
+    else:
+      self._push(time + self._step_time(worker, step), _Event.DONE, worker)
+
+  def _after_reply(self, worker: int, time: float) -> None:
+    if self.exchange_first:
+      # The step's gradient is computed after the reply; then the next step.
+      step = self._begun[worker] - 1
+      self._push(time + self._step_time(worker, step), _Event.START, worker)
+    else:
+      self._begin_step(worker, time)
+
+  def _read(self, worker: int, time: float, op: OpKind, wait: float) -> None:
+    staleness, self._missed[worker] = self._missed[worker], 0
+    self._ticks.emit(time, worker, self.exchange_first, op, staleness, wait, self.model_bytes)
+
+  def _written(self, worker: int) -> None:
+    for other in range(self.num_workers):
+      if other != worker:
+        self._missed[other] += 1
+
+  def _serve(self, worker: int, arrival: float) -> None:
+    """Serves a request under the lock, as soon as the master is free."""
+    start = max(arrival, self._master_free)
+    self._master_free = start + self.service
+    self._read(worker, start, OpKind.EXCHANGE, wait=start - arrival)
+    self._written(worker)
+    self._after_reply(worker, self._master_free + self.message)
+
+  def _handle(self, time: float, kind: _Event, worker: int) -> None:
+    if kind == _Event.START:
+      self._begin_step(worker, time)
+    elif kind == _Event.DONE:
+      self._ticks.emit(time, worker, local=True)
+      if not self.exchange_first and self._begun[worker] % self.period == 0:
+        self._push(time + self.message, _Event.ARRIVE, worker)
+      else:
+        self._begin_step(worker, time)
+    elif kind == _Event.ARRIVE and self.policy == Policy.FCFS:
+      self._serve(worker, time)
+    elif kind == _Event.ARRIVE and self.policy == Policy.ROUND_ROBIN:
+      self._waiting[worker] = time
+      while self._turn in self._waiting:
+        turn = self._turn
+        self._serve(turn, self._waiting.pop(turn))
+        self._turn = (turn + 1) % self.num_workers
+    elif kind == _Event.ARRIVE:  # hogwild: read now, write later
+      self._read(worker, time, OpKind.READ, wait=0.0)
+      self._push(time + self.service, _Event.WRITE, worker)
+    else:  # _Event.WRITE
+      self._ticks.emit(time, worker, local=False, op=OpKind.WRITE)
+      self._written(worker)
+      self._after_reply(worker, time + self.message)
+
+  def _advance(self) -> Tick:
+    while True:
+      while not self._ticks.complete():
+        self._handle(*heapq.heappop(self._heap))
+      tick = self._ticks.release()
+      if tick.local.any() or tick.ops:  # a tick every worker jumped over is skipped
+        tick.time = max(tick.time, self.time)  # sim/time never runs backwards
+        return tick
+
+  def state_dict(self):
+    return {
+      **super().state_dict(),
+      "heap": [list(event) for event in self._heap],
+      "begun": list(self._begun),
+      "missed": list(self._missed),
+      "master_free": self._master_free,
+      "turn": self._turn,
+      "waiting": sorted([worker, time] for worker, time in self._waiting.items()),
+      **self._ticks.state_dict(),
+    }
+
+  def load_state_dict(self, state):
+    super().load_state_dict(state)
+    self._heap = [(float(t), _Event(int(k)), int(w)) for t, k, w in state["heap"]]
+    self._begun = [int(n) for n in state["begun"]]
+    self._missed = [int(n) for n in state["missed"]]
+    self._master_free = float(state["master_free"])
+    self._turn = int(state["turn"])
+    self._waiting = {int(w): float(t) for w, t in state["waiting"]}
+    self._ticks.load_state_dict(state)

@@ -1,0 +1,84 @@
+"""Packing a discrete-event simulation's events into ticks.
+
+`AsyncClock` (easgd.sim.clocks) simulates workers and master event by event;
+`TickPacker` places each event into the earliest tick its order allows:
+  * a worker's local step goes to the tick after that worker's previous event;
+  * a master operation goes to the tick of the requester's previous event
+    or later, never before the master's previous operation, after which it
+    is appended.
+Local steps of different workers commute, so each tick's state is a
+consistent cut of the simulation, and `Tick.time` is the latest event in it.
+"""
+
+import collections
+
+from easgd.sim.ticks import OpKind, Tick
+
+
+class TickPacker:
+  """The ticks still open to events, from the next one to be released on."""
+
+  def __init__(self, num_workers: int):
+    self.num_workers = num_workers
+    self._open: collections.deque[Tick] = collections.deque()
+    self._released = 0  # index of self._open[0]
+    self._last_tick = [-1] * num_workers  # tick of each worker's latest event
+    self._last_op_tick = 0
+
+  def emit(
+    self,
+    time: float,
+    worker: int,
+    local: bool,
+    op: OpKind | None = None,
+    staleness: int = -1,
+    wait: float = 0.0,
+    sent: float = 0.0,
+  ) -> None:
+    """Places one event of `worker`: a local step (`local`) and/or a master operation
+    (`op`); a served request also records its staleness, wait and bytes."""
+    last = self._last_tick[worker]
+    if op is None:
+      index = last + 1
+    else:
+      index = max(last + 1 if local else last, self._last_op_tick)
+      self._last_op_tick = index
+    self._last_tick[worker] = index
+    while len(self._open) <= index - self._released:
+      self._open.append(Tick.empty(self.num_workers))
+    tick = self._open[index - self._released]
+    tick.time = max(tick.time, time)
+    tick.local[worker] |= local
+    if op is not None:
+      tick.ops.append((op, worker))
+    if staleness >= 0:
+      tick.staleness.append(staleness)
+      tick.waits.append(wait)
+      tick.requests[worker] += 1
+    tick.bytes_sent[worker] += sent
+
+  def complete(self) -> bool:
+    """Whether no future event can fall into the next tick to release."""
+    # A worker's next local step goes to last + 1 or later; its next operation
+    # to max(last, last operation's tick) or later.
+    earliest = min(min(last + 1, max(last, self._last_op_tick)) for last in self._last_tick)
+    return self._released < earliest
+
+  def release(self) -> Tick:
+    """The next tick (call when `complete()`); it may be empty."""
+    self._released += 1
+    return self._open.popleft()
+
+  def state_dict(self) -> dict:
+    return {
+      "open": [tick.to_dict() for tick in self._open],
+      "released": self._released,
+      "last_tick": list(self._last_tick),
+      "last_op_tick": self._last_op_tick,
+    }
+
+  def load_state_dict(self, state: dict) -> None:
+    self._open = collections.deque(Tick.from_dict(tick) for tick in state["open"])
+    self._released = int(state["released"])
+    self._last_tick = [int(n) for n in state["last_tick"]]
+    self._last_op_tick = int(state["last_op_tick"])

@@ -1,0 +1,87 @@
+"""Ticks: the unit of the device program, and what the clocks hand it.
+
+In a tick every worker takes at most one local step, then the master serves
+an ordered list of operations (`OpKind`) on behalf of workers.
+"""
+
+import dataclasses
+import enum
+
+import numpy as np
+
+
+class OpKind(enum.IntEnum):
+  """Kinds of master operations in a tick (the device program switches on them)."""
+
+  EXCHANGE = 0  # a request served under the lock: read and write at once
+  READ = 1  # Hogwild: the request reads the center on arrival
+  WRITE = 2  # Hogwild: its increment lands one service time later
+
+
+@dataclasses.dataclass
+class Tick:
+  """What happened in one tick, for the device program and for the logs.
+
+  Attributes:
+    time: simulated seconds at the end of the tick.
+    local: bool [P], the workers that take a local step.
+    ops: the master's operations in order, as (kind, worker) pairs.
+    staleness: for each request served, the master updates made by other
+      workers since the requesting worker last read from the master.
+    waits: for each request served, seconds it queued at the master.
+    requests: exchanges each worker began in the tick, [P].
+    bytes_sent: bytes each worker sent in the tick, [P].
+  """
+
+  time: float
+  local: np.ndarray
+  ops: list[tuple[int, int]]
+  staleness: list[int]
+  waits: list[float]
+  requests: np.ndarray
+  bytes_sent: np.ndarray
+
+  @classmethod
+  def empty(cls, num_workers: int) -> "Tick":
+    """A tick in which nothing happens (for shapes)."""
+    zeros = np.zeros(num_workers)
+    return cls(0.0, np.zeros(num_workers, bool), [], [], [], zeros.astype(np.int64), zeros)
+
+  def to_dict(self) -> dict:
+    """As JSON-serialisable values."""
+    return {
+      "time": self.time,
+      "local": self.local.tolist(),
+      "ops": [list(op) for op in self.ops],
+      "staleness": list(self.staleness),
+      "waits": list(self.waits),
+      "requests": self.requests.tolist(),
+      "bytes_sent": self.bytes_sent.tolist(),
+    }
+
+  @classmethod
+  def from_dict(cls, values: dict) -> "Tick":
+    """Inverse of `to_dict`."""
+    return cls(
+      time=float(values["time"]),
+      local=np.array(values["local"], bool),
+      ops=[(OpKind(int(kind)), int(worker)) for kind, worker in values["ops"]],
+      staleness=[int(n) for n in values["staleness"]],
+      waits=[float(w) for w in values["waits"]],
+      requests=np.array(values["requests"], np.int64),
+      bytes_sent=np.array(values["bytes_sent"], np.float64),
+    )
+
+  def device_inputs(self) -> dict[str, np.ndarray]:
+    """The arrays the device program reads: masks and the padded list of operations."""
+    num_workers = len(self.local)
+    kinds = np.zeros(2 * num_workers, np.int32)
+    workers = np.zeros(2 * num_workers, np.int32)
+    for position, (kind, worker) in enumerate(self.ops):
+      kinds[position], workers[position] = kind, worker
+    return {
+      "local": self.local.copy(),
+      "op_kind": kinds,
+      "op_worker": workers,
+      "num_ops": np.int32(len(self.ops)),
+    }

@@ -1,0 +1,136 @@
+"""The package's shape: layers, cycles, module sizes, an installable package, one set of pins."""
+
+import ast
+import pathlib
+import re
+import tomllib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+# Where each installed package lives in the repository.
+PACKAGE_DIRS = {"easgd": REPO / "easgd", "easgd.models": REPO / "models"}
+PACKAGE_DIRS["easgd.configs"] = REPO / "configs"
+# Lower layers, which must not import the loop, the trainers or the entry points.
+LOWER = ("easgd.models", "easgd.rules", "easgd.sim")
+HIGHER = ("easgd.loop", "easgd.trainer", "easgd.pipeline.trainer", "easgd.plan", "easgd.launch")
+MAX_LINES = 400
+# Spelled in pieces so that this file does not name them itself.
+IMPORT_PATH = "sys." + "path"
+OUTSIDE = ("ALGORITHMS" + ".md", "../" + "shared")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  """Every module of the package, by dotted name."""
+  found = {}
+  for package, folder in PACKAGE_DIRS.items():
+    for path in folder.rglob("*.py"):
+      relative = path.relative_to(folder).with_suffix("")
+      parts = [part for part in relative.parts if part != "__init__"]
+      found[".".join([package, *parts])] = path
+  return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+  """The package modules that `name` imports at its top level (not inside functions)."""
+  tree = ast.parse(path.read_text())
+  package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+  found = set()
+  for node in tree.body:
+    if isinstance(node, ast.Import):
+      targets = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base])
+      targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+    else:
+      continue
+    found |= {target for target in targets if target in MODULES}
+  return found - {name}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def test_lower_layers_import_no_higher_one():
+  for name, imported in GRAPH.items():
+    if name.startswith(LOWER):
+      higher = {module for module in imported if module.startswith(HIGHER)}
+      assert not higher, f"{name} imports {sorted(higher)}"
+      assert "train" not in imported
+
+
+def test_the_imports_have_no_cycle():
+  done, active = set(), []
+
+  def visit(name):
+    if name in active:
+      cycle = active[active.index(name) :] + [name]
+      pytest.fail("import cycle: " + " -> ".join(cycle))
+    if name in done:
+      return
+    active.append(name)
+    for imported in sorted(GRAPH[name]):
+      # A package's __init__ importing its own submodules is not a cycle of layers.
+      if not imported.startswith(name + "."):
+        visit(imported)
+    active.pop()
+    done.add(name)
+
+  for name in sorted(GRAPH):
+    visit(name)
+
+
+def test_no_module_is_over_400_lines():
+  sources = [*REPO.glob("*.py"), *(path for path in MODULES.values())]
+  sources += [*REPO.glob("bench/*.py"), *REPO.glob("studies/*.py")]
+  long = {
+    str(p.relative_to(REPO)): n
+    for p in sources
+    if (n := len(p.read_text().splitlines())) > MAX_LINES
+  }
+  assert not long
+
+
+def test_nothing_edits_the_import_path_or_cites_files_outside_the_repository():
+  for path in REPO.rglob("*"):
+    if any(
+      part in {".venv", ".git", "runs"} or part.startswith(".")
+      for part in path.parts[len(REPO.parts) :]
+    ):
+      continue
+    if path.suffix in {".py", ".md", ".toml"} and path.is_file():
+      text = path.read_text()
+      if path.suffix == ".py":
+        assert IMPORT_PATH not in text, path
+      assert not any(outside in text for outside in OUTSIDE), path
+
+
+def _pins(lines) -> dict[str, str]:
+  pins = {}
+  for line in lines:
+    pin = line.split("#")[0].strip()
+    if pin:
+      name, _, version = pin.partition("==")
+      pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+  return pins
+
+
+def test_the_package_declares_the_pins_of_requirements_txt():
+  project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+  declared = _pins([*project["dependencies"], *project["optional-dependencies"]["dev"]])
+  assert declared == _pins((REPO / "requirements.txt").read_text().splitlines())
+  packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+  assert set(packages) == {name for name, path in MODULES.items() if path.name == "__init__.py"}
+
+
+def test_models_and_configs_are_the_packages_own():
+  import easgd.configs.default  # noqa: PLC0415
+  import easgd.models  # noqa: PLC0415
+
+  assert pathlib.Path(easgd.models.__file__).parent == REPO / "models"
+  assert easgd.configs.default.get_config().algorithm == "sync_easgd"

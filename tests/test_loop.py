@@ -1,0 +1,127 @@
+"""The one training loop, with a scripted trainee: schedule, lag, divergence, preemption."""
+
+import numpy as np
+import pytest
+
+from easgd import loop
+from easgd.errors import TrainingDiverged
+from runs import config_with
+
+
+class ScriptedTrainee:
+  """Returns scripted per-model losses and records what the loop asks of it."""
+
+  def __init__(self, losses, num_models=1):
+    self.losses = [np.asarray(loss, float).reshape(num_models) for loss in losses]
+    self.num_models = num_models
+    self.calls: list[tuple] = []
+    self.stepped = 0
+    self.added: list[int] = []
+
+  def step(self):
+    self.stepped += 1
+    return {"loss": self.losses[self.stepped - 1]}, self.stepped
+
+  def add(self, metrics, context):
+    self.added.append(context)
+    return metrics["loss"]
+
+  def log(self, step, train_seconds):
+    assert train_seconds > 0
+    self.calls.append(("log", step, list(self.added)))
+    return {"train/loss": 0.0}
+
+  def evaluate(self, step):
+    self.calls.append(("eval", step))
+    return {"eval/center_accuracy": 1.0}
+
+  def save(self):
+    self.calls.append(("save", self.stepped))
+
+  def finish(self):
+    self.calls.append(("finish",))
+
+  def flush(self):
+    pass
+
+  def close(self):
+    self.calls.append(("close",))
+
+
+class NoCheckpoints:
+  def latest_step(self):
+    return None
+
+  def close(self):
+    pass
+
+
+def schedule(total, log, evaluate, save):
+  return config_with(
+    {
+      "run.total_steps": total,
+      "run.log_every": log,
+      "run.eval_every": evaluate,
+      "run.checkpoint_every": save,
+    }
+  )
+
+
+def test_logs_evaluations_and_checkpoints_fall_on_their_steps_with_every_metric_added():
+  trainee = ScriptedTrainee([1.0] * 12)
+  final, preempted = loop.run(schedule(12, 4, 6, 5), trainee, 0, NoCheckpoints())
+  assert not preempted and final == {"train/loss": 0.0, "eval/center_accuracy": 1.0}
+  events = [call[:2] for call in trainee.calls]
+  assert events == [
+    ("log", 4),
+    ("save", 5),
+    ("eval", 6),
+    ("log", 8),
+    ("save", 10),
+    ("log", 12),
+    ("eval", 12),
+    ("save", 12),
+    ("finish",),
+    ("close",),
+  ]
+  # Every step's metrics were added, in order, before the log that covers them.
+  logs = {call[1]: call[2] for call in trainee.calls if call[0] == "log"}
+  assert logs[4] == [1, 2, 3, 4] and logs[12] == list(range(1, 13))
+
+
+def test_resumed_at_the_end_still_evaluates_and_finishes():
+  trainee = ScriptedTrainee([])
+  final, _ = loop.run(schedule(5, 1, 1, 1), trainee, 5, NoCheckpoints())
+  assert trainee.calls == [("eval", 5), ("finish",), ("close",)]
+  assert final == {"eval/center_accuracy": 1.0}
+
+
+def test_one_model_diverging_stops_the_run_with_its_step():
+  trainee = ScriptedTrainee([1.0, 1.0, np.nan, 1.0, 1.0])
+  with pytest.raises(TrainingDiverged, match=r"became nan at step 3; stopped, no checkpoint"):
+    loop.run(schedule(5, 0, 0, 0), trainee, 0, NoCheckpoints())
+  assert ("close",) in trainee.calls and ("finish",) not in trainee.calls
+
+
+def test_several_models_stop_only_when_every_one_has_diverged(caplog):
+  some = ScriptedTrainee([[1.0, 1.0], [np.inf, 1.0], [np.nan, 1.0], [np.nan, 2.0]], num_models=2)
+  loop.run(schedule(4, 0, 0, 0), some, 0, NoCheckpoints())
+  assert ("finish",) in some.calls
+  assert "model 0 diverged (loss inf) at step 2" in caplog.text
+  every = ScriptedTrainee([[1.0, 1.0], [np.inf, 1.0], [np.nan, np.nan], [1.0, 1.0]], num_models=2)
+  with pytest.raises(TrainingDiverged, match=r"every model's training loss .* by step 3"):
+    loop.run(schedule(4, 0, 0, 0), every, 0, NoCheckpoints())
+
+
+def test_metrics_are_fetched_with_a_bounded_lag():
+  trainee = ScriptedTrainee([1.0] * 40)
+  lags = []
+  original_step = trainee.step
+
+  def step():
+    lags.append(trainee.stepped - len(trainee.added))
+    return original_step()
+
+  trainee.step = step
+  loop.run(schedule(40, 0, 0, 0), trainee, 0, NoCheckpoints())
+  assert max(lags) == loop.MAX_IN_FLIGHT and len(trainee.added) == 40
