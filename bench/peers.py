@@ -5,7 +5,10 @@
 
 For each network, in one run and in interleaved rounds (the machine is
 shared and noisy), it times
-  jax plain       a minimal jit-compiled SGD step on one device (value_and_grad + update),
+  jax plain, XLA defaults
+                  a minimal jit-compiled SGD step on one device (value_and_grad + update),
+                  compiled as jax.jit compiles it,
+  jax plain       the same compiled with the project's options (easgd/infra/compile.py),
   sync_easgd P=1  this project's compiled train step (batch drawn on device, tau = 4),
   sync_easgd P=2  the same with 2 workers of batch/2 on 2 CPU devices,
   torch           PyTorch's plain single-process step (zero_grad, forward,
@@ -39,6 +42,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from easgd import models, rules, steps  # noqa: E402
 from easgd.infra import sharding  # noqa: E402
+from easgd.infra.compile import compile_program, options_for  # noqa: E402
 from easgd.rules import AXIS, model_state  # noqa: E402
 
 SHAPES = {"lenet5": (28, 28, 1), "resnet20": (32, 32, 3)}
@@ -70,7 +74,7 @@ def flops_of(compiled) -> float:
 class JaxPlain:
   """The baseline: one device, a batch already there, params <- params - eta*grad."""
 
-  def __init__(self, name, batch_size):
+  def __init__(self, name, batch_size, options):
     model = models.get_model(name, 10)
     shape = SHAPES[name]
     rng = np.random.default_rng(0)
@@ -86,14 +90,17 @@ class JaxPlain:
       updates = jax.tree.map(lambda g: -LEARNING_RATE * g, grads)
       return optax.apply_updates(tree, model_state.stats_step(updates, tree, aux))
 
-    self.compiled = jax.jit(step, donate_argnums=0).lower(tree, self.images, self.labels).compile()
+    lowered = jax.jit(step, donate_argnums=0).lower(tree, self.images, self.labels)
+    self.compiled = compile_program(lowered, "cpu", options)
     self.state = tree
     self.images_per_step = batch_size
     self.devices = 1
     batch = {"image": self.images, "label": self.labels}
+    forward = jax.jit(lambda tree: loss_fn(tree, batch)[0])
+    backward = jax.jit(jax.grad(lambda tree: loss_fn(tree, batch)[0]))
     self.parts = {
-      "forward": jax.jit(lambda tree: loss_fn(tree, batch)[0]),
-      "forward+backward": jax.jit(jax.grad(lambda tree: loss_fn(tree, batch)[0])),
+      "forward": compile_program(forward.lower(tree), "cpu", options),
+      "forward+backward": compile_program(backward.lower(tree), "cpu", options),
     }
 
   def time_part(self, part, count):
@@ -125,11 +132,8 @@ class SyncEASGD:
     self.state = steps.init_state(rule, tree, jax.random.PRNGKey(1), mesh)
     loss_fn = steps.make_loss_fn(model, lambda x: x.astype(jnp.float32) / 255.0)
     per_worker = batch_size // workers
-    self.compiled = (
-      steps.build_train_step(rule, loss_fn, mesh, self.state, per_worker)
-      .lower(self.state, self.images, self.labels, {})
-      .compile()
-    )
+    step = steps.build_train_step(rule, loss_fn, mesh, self.state, per_worker)
+    self.compiled = compile_program(step.lower(self.state, self.images, self.labels, {}), "cpu")
     self.images_per_step = per_worker * workers
     self.devices = workers
 
@@ -211,7 +215,8 @@ def main():
     print("torch is not installed: pip install torch==2.13.0 (CPU wheel) to compare")
   for name in args.models.split(","):
     runners = {
-      "jax plain": JaxPlain(name, args.batch_size),
+      "jax plain, XLA defaults": JaxPlain(name, args.batch_size, options={}),
+      "jax plain": JaxPlain(name, args.batch_size, options_for("cpu")),
       "sync_easgd P=1": SyncEASGD(name, args.batch_size, 1),
       "sync_easgd P=2": SyncEASGD(name, args.batch_size, 2),
     }
@@ -228,7 +233,7 @@ def main():
     print(
       f"\n{name}, batch {args.batch_size}, medians of {args.rounds} rounds of {args.steps} steps"
     )
-    print(f"{'':16} {'images/s':>9} {'vs torch':>9} {'GFLOP/s':>8} {'of peak':>8}")
+    print(f"{'':24} {'images/s':>9} {'vs torch':>9} {'GFLOP/s':>8} {'of peak':>8}")
     torch_rate = statistics.median(rates["torch"]) if "torch" in rates else None
     for label, runner in runners.items():
       rate = statistics.median(rates[label])
@@ -239,17 +244,17 @@ def main():
         flops = f"{achieved / 1e9:8.1f} {achieved / peak:8.1%}"
       else:
         flops = f"{'-':>8} {'-':>8}"
-      print(f"{label:16} {rate:9.0f} {ratio:>9} {flops}")
+      print(f"{label:24} {rate:9.0f} {ratio:>9} {flops}")
     if args.split:
-      print("ms a step:       forward  forward+backward  whole step")
-      for label in ("jax plain", "torch"):
+      print("ms a step:               forward  forward+backward  whole step")
+      for label in ("jax plain, XLA defaults", "jax plain", "torch"):
         if label not in runners:
           continue
         runner = runners[label]
         parts = [runner.time_part(part, args.steps) for part in ("forward", "forward+backward")]
         whole = 1e3 * runner.images_per_step / statistics.median(rates[label])
         cells = "".join(f"{1e3 * p / args.steps:16.2f}" for p in parts)
-        print(f"{label:16}{cells}{whole:12.2f}")
+        print(f"{label:24}{cells}{whole:12.2f}")
 
 
 if __name__ == "__main__":

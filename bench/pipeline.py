@@ -39,6 +39,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from easgd import models, rules, steps  # noqa: E402
 from easgd.data import datasets  # noqa: E402
 from easgd.infra import hlo, sharding  # noqa: E402
+from easgd.infra.compile import compile_program  # noqa: E402
 from easgd.pipeline import programs  # noqa: E402
 from easgd.rules import AXIS  # noqa: E402
 from easgd.rules.sync import SyncSGD  # noqa: E402
@@ -124,8 +125,8 @@ def main():
     state = programs.init_state(runner, init_params, hypers, mesh)
     images, labels = (sharding.place(mesh, array, P(AXIS)) for array in arrays)
     step = programs.build_step(runner, loss_fn, mesh, state, batch)
-    step = step.lower(state, images, labels).compile()
-    move = programs.build_move(runner, mesh, state).lower(state).compile()
+    step = compile_program(step.lower(state, images, labels), "cpu")
+    move = compile_program(programs.build_move(runner, mesh, state).lower(state), "cpu")
     holder = {"state": state}
 
     def run(holder=holder, step=step, move=move, images=images, labels=labels, moves=moves):
@@ -149,7 +150,7 @@ def main():
   state = steps.init_state(rule, init_params(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), mesh)
   images, labels = (sharding.place(mesh, array, P(AXIS)) for array in partitions)
   step = steps.build_train_step(rule, loss_fn, mesh, state, batch // num_devices)
-  compiled = step.lower(state, images, labels, {}).compile()
+  compiled = compile_program(step.lower(state, images, labels, {}), "cpu")
   holder = {"state": state}
 
   def run_one_by_one(holder=holder):

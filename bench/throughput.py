@@ -30,8 +30,9 @@ from easgd import loop, models, rules, steps  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.data import datasets  # noqa: E402
 from easgd.infra import sharding  # noqa: E402
+from easgd.infra.compile import compile_program  # noqa: E402
 from easgd.rules import AXIS  # noqa: E402
-from easgd.sim import timing  # noqa: E402
+from easgd.sim import ticks, timing  # noqa: E402
 from easgd.sim.clocks import Policy  # noqa: E402
 
 TAU = 4
@@ -93,11 +94,11 @@ def main():
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
   loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
   images_per_step = args.workers * args.batch_size
+  platform = jax.devices()[0].platform
 
   # Baseline: one device, one plain SGD step per dispatch on a resident batch.
   optimizer = optax.sgd(0.05)
 
-  @jax.jit
   def baseline_step(state, images, labels):
     params, opt_state = state
     (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -108,10 +109,13 @@ def main():
 
   baseline_images = jnp.asarray(dataset.train_images[:images_per_step])
   baseline_labels = jnp.asarray(dataset.train_labels[:images_per_step])
+  baseline_state = (jax.tree.map(jnp.copy, params), optimizer.init(params))
+  # Every program is compiled as train.py compiles its step (easgd/infra/compile.py).
+  baseline = jax.jit(baseline_step).lower(baseline_state, baseline_images, baseline_labels)
   variants = {
     "baseline (1 device, plain jit)": (
-      baseline_step,
-      (jax.tree.map(jnp.copy, params), optimizer.init(params)),
+      compile_program(baseline, platform),
+      baseline_state,
       lambda: ((baseline_images, baseline_labels), images_per_step),
     )
   }
@@ -129,6 +133,8 @@ def main():
     rule = rules.make_rule(name, hyper)
     state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
     step_fn = steps.build_train_step(rule, loss_fn, mesh, state, args.batch_size)
+    empty = rule.tick_inputs(ticks.Tick.empty(args.workers))
+    step_fn = compile_program(step_fn.lower(state, images, labels, empty), platform)
     clock = rule.make_clock(cluster, model_bytes, seed=0)
 
     def next_args(rule=rule, clock=clock):

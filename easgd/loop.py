@@ -64,6 +64,11 @@ class Setup:
   train_images: jax.Array  # [parts, n, H, W, C], split over the mesh
   train_labels: jax.Array  # [parts, n]
 
+  @property
+  def platform(self) -> str:
+    """The devices' platform ("cpu", "gpu", "tpu"), which picks the compiler options."""
+    return self.mesh.devices.flat[0].platform
+
   def log_run(self, what: str) -> None:
     """Logs what runs where: `what` names the algorithm and its units (workers, models)."""
     dataset, mesh = self.dataset, self.mesh

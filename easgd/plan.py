@@ -36,6 +36,7 @@ from easgd import cli, models, schema, steps, validation
 from easgd.data import datasets
 from easgd.errors import ConfigError
 from easgd.infra import sharding
+from easgd.infra.compile import compile_program
 from easgd.rules import AXIS, RULES, Hyper, make_rule, model_state
 from easgd.sim import sizing, ticks, timing
 
@@ -103,9 +104,9 @@ class StepCompiler:
     """The compiled step for per-worker batches of `batch_size` (compiled once)."""
     if batch_size not in self._compiled:
       step = steps.build_train_step(self.rule, self.loss_fn, self.mesh, self.state, batch_size)
-      self._compiled[batch_size] = step.lower(
-        self.state, self.images, self.labels, self.tick
-      ).compile()
+      # The program train.py runs, compiled with the same options.
+      lowered = step.lower(self.state, self.images, self.labels, self.tick)
+      self._compiled[batch_size] = compile_program(lowered, self.mesh.devices.flat[0].platform)
     return self._compiled[batch_size]
 
 

@@ -16,6 +16,7 @@ from absl import logging
 from easgd import evaluation, loop, schema, steps
 from easgd.data import augment as augment_lib
 from easgd.infra import metrics
+from easgd.infra.compile import compile_program
 from easgd.rules import Hyper, Rule, TrainState, make_rule, model_state
 from easgd.sim import clocks, ticks, timing
 
@@ -77,23 +78,20 @@ class RuleTrainee:
     self.totals = _TickTotals(clock)
     self.sums: dict[str, float] = {}
     self.count = 0
-    self.train_step = (
-      steps.build_train_step(
-        rule,
-        setup.loss_fn,
-        setup.mesh,
-        state,
-        config.data.batch_size,
-        augment_lib.get(config.data.augment),
-      )
-      .lower(
-        state,
-        setup.train_images,
-        setup.train_labels,
-        rule.tick_inputs(ticks.Tick.empty(config.workers)),
-      )
-      .compile()
+    lowered = steps.build_train_step(
+      rule,
+      setup.loss_fn,
+      setup.mesh,
+      state,
+      config.data.batch_size,
+      augment_lib.get(config.data.augment),
+    ).lower(
+      state,
+      setup.train_images,
+      setup.train_labels,
+      rule.tick_inputs(ticks.Tick.empty(config.workers)),
     )
+    self.train_step = compile_program(lowered, setup.platform)
 
   def step(self):
     tick = self.clock.next_tick()

@@ -3,7 +3,7 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
-from easgd.models.layers import pad_to
+from easgd.models.layers import max_pool_2x2, pad_to
 
 # Output channels of each 3x3 convolution; "M" is a 2x2 max pool.
 VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
@@ -25,7 +25,7 @@ class VGG(nn.Module):
     convs = 0
     for layer in self.layers:
       if layer == "M":
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = max_pool_2x2(x)
         continue
       convs += 1
       x = nn.Conv(layer, (3, 3), padding=1, use_bias=False, name=f"conv{convs}")(x)

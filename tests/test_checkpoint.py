@@ -25,6 +25,7 @@ def test_fingerprint_changes_with_any_word_and_with_a_swap():
   assert np.array_equal(np.asarray(checkpoint.fingerprint(tree)), base)
 
 
+# The tests below train and resume whole runs.
 @pytest.fixture
 def finished(small_run):
   """A finished sync_easgd run (checkpoints 20, 30, 40 kept) and its final state."""
@@ -57,6 +58,7 @@ def _flip_a_byte(path):
 
 
 # Orbax leaves the reads of a failed restore un-awaited; Python reports them at exit.
+@pytest.mark.e2e
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize(
   "damage,problem",
@@ -81,6 +83,7 @@ def test_a_corrupt_checkpoint_is_set_aside_and_the_one_before_resumed(
     assert np.array_equal(x, y)
 
 
+@pytest.mark.e2e
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_no_intact_checkpoint_is_one_clear_error(tmp_path, finished):
   source, _ = finished

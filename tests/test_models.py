@@ -89,6 +89,7 @@ def test_resnet20_trains_end_to_end_on_mock_cifar10_with_local_statistics(tmp_pa
   assert not np.allclose(stats[0], stats[1])
 
 
+@pytest.mark.e2e  # compiling a whole large network takes about 10 s
 @pytest.mark.parametrize("name", ["alexnet", "vgg11"])
 def test_cifar_networks_take_sync_easgd_steps_and_lower_the_loss(name):
   """A few compiled steps on one fixed augmented batch of CIFAR-shaped images."""

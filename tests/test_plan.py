@@ -22,6 +22,7 @@ def small_config(**cluster):
   return config
 
 
+@pytest.mark.e2e  # compiles the whole step at four batch sizes
 def test_memory_terms_predict_another_compiled_batch():
   config = small_config()
   compiler = plan.StepCompiler(config, sharding.make_mesh(2))
@@ -36,6 +37,7 @@ def test_memory_terms_predict_another_compiled_batch():
   assert memory.total(100) == pytest.approx(compiled, rel=0.01)
 
 
+@pytest.mark.e2e  # compiles the whole step at several batch sizes
 def test_largest_batch_fits_one_more_does_not_and_flops_are_a_training_steps():
   config = small_config()
   config.device.memory, config.device.flops = 20e6, 1e9

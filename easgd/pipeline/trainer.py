@@ -17,6 +17,7 @@ from absl import logging
 from easgd import loop, schema
 from easgd.data import augment as augment_lib
 from easgd.infra import metrics, sharding
+from easgd.infra.compile import compile_program
 from easgd.pipeline import programs
 
 
@@ -60,19 +61,17 @@ class PipelineTrainee:
       metrics.MetricWriter(os.path.join(setup.workdir, f"model_{m}"), label=f"model_{m}")
       for m in range(self.num_models)
     ]
-    self.local_step = (
-      programs.build_step(
-        runner,
-        setup.loss_fn,
-        setup.mesh,
-        state,
-        config.data.batch_size,
-        augment_lib.get(config.data.augment),
-      )
-      .lower(state, setup.train_images, setup.train_labels)
-      .compile()
-    )
-    self.move = programs.build_move(runner, setup.mesh, state).lower(state).compile()
+    local_step = programs.build_step(
+      runner,
+      setup.loss_fn,
+      setup.mesh,
+      state,
+      config.data.batch_size,
+      augment_lib.get(config.data.augment),
+    ).lower(state, setup.train_images, setup.train_labels)
+    self.local_step = compile_program(local_step, setup.platform)
+    move = programs.build_move(runner, setup.mesh, state).lower(state)
+    self.move = compile_program(move, setup.platform)
     self.step_count = int(jax.device_get(state.step))
     self.slot_models = self._slot_models()  # which model is in each slot
     self.sums, self.summed_steps = np.zeros((2, self.num_models)), 0
