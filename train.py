@@ -3,7 +3,7 @@
 Config fields are overridden with --config.FIELD=VALUE; runs are written to
 --workdir (TensorBoard events and checkpoints) and resumed from it. Several
 processes join one run with --coordinator_address, --num_processes and
---process_id (or a scheduler's environment; see easgd.distributed and
+--process_id (or a scheduler's environment; see easgd.infra.distributed and
 `python -m easgd.launch`). SIGTERM stops a run after its current step with a
 checkpoint (exit 0); the same command resumes it.
 """

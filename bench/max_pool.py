@@ -13,25 +13,19 @@ import argparse
 import statistics
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from easgd import models, steps
+from easgd import steps
 from easgd.infra.compile import compile_program
-from easgd.models import lenet
-from easgd.models.layers import max_pool_2x2
-
-
-def reduce_window_pool(x):
-  return nn.max_pool(x, (2, 2), strides=(2, 2))
+from easgd.models.layers import max_pool_2x2, reduce_window_max_pool_2x2
+from easgd.models.lenet import LeNet5
 
 
 def step_program(pool, batch_size):
   """A compiled SGD step of LeNet-5 whose max-pools are `pool`, and its arguments."""
-  lenet.max_pool_2x2 = pool  # the module looks the layer up when it is traced
-  model = models.get_model("lenet5", 10)
+  model = LeNet5(num_classes=10, pool=pool)
   rng = np.random.default_rng(0)
   images = jnp.asarray(rng.integers(0, 256, (batch_size, 28, 28, 1), np.uint8))
   labels = jnp.asarray(rng.integers(0, 10, batch_size, np.int32))
@@ -59,9 +53,8 @@ def main():
   parser.add_argument("--steps", type=int, default=30)
   parser.add_argument("--rounds", type=int, default=3)
   args = parser.parse_args()
-  variants = {"reduce_window": reduce_window_pool, "reshape + max": max_pool_2x2}
+  variants = {"reduce_window": reduce_window_max_pool_2x2, "reshape + max": max_pool_2x2}
   programs = {name: step_program(pool, args.batch_size) for name, pool in variants.items()}
-  lenet.max_pool_2x2 = max_pool_2x2
   backward = {
     name: pool_backward(pool, (args.batch_size, 28, 28, 6)) for name, pool in variants.items()
   }

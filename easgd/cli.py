@@ -15,13 +15,12 @@ from easgd import schema
 def _unknown_field(field: str) -> str:
   """One line for an unknown config field: its grouped name if it moved, or the
   closest known fields."""
-  new = schema.moved(field)
-  if new is not None:
-    return f"config.{field} is now config.{new} (fields are grouped; README, 'Configuring runs')"
+  if schema.moved(field) is not None:
+    return schema.hint(field)
   known = list(schema.flatten(schema.default_config().to_dict()))
   close = difflib.get_close_matches(field, known, n=3)
-  hint = f"; did you mean {' or '.join(f'config.{c}' for c in close)}?" if close else ""
-  return f"config.{field} does not exist{hint}"
+  suggestion = f"; did you mean {' or '.join(f'config.{c}' for c in close)}?" if close else ""
+  return schema.hint(field) + suggestion
 
 
 def _config_field_error(error: Exception):

@@ -105,6 +105,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, parts_per_device: int
   The training set is split into one partition per worker (the rules) or,
   with `parts_per_device`=1, one per device (the pipeline).
   """
+  validation.validate(config)  # before the device count is worked out from it
   num_devices = schema.resolve_devices(config, len(jax.devices()))
   parts = num_devices * parts_per_device if parts_per_device else config.workers
   dataset = check_inputs(config, workdir, parts)

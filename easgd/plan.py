@@ -1,7 +1,7 @@
 """Sizes a run before it is started: python -m easgd.plan --config configs/X.py.
 
 For the config's model, dataset, rule and `config.cluster` it answers:
-  * the largest per-worker batch that fits in `cluster.device_memory`;
+  * the largest per-worker batch that fits in `device.memory`;
   * the number of workers from which communication takes most of the time,
     and for the parameter-server rules how many servers keep up;
   * the predicted time of a step and images/s.
@@ -15,8 +15,8 @@ XLA's memory analysis of the compiled training step (this machine's backend):
     S3    temporaries that do not grow with the batch (workspace, metrics)
 S1 and S3 are the slope and intercept of the step's temporaries between two
 compiled batch sizes; the largest batch is then checked by compiling it.
-Time comes from easgd/sizing.py's steady state of the timing model, with
-t_c = the step's FLOPs (XLA's cost analysis) / `cluster.device_flops`, or
+Time comes from easgd/sim/sizing.py's steady state of the timing model, with
+t_c = the step's FLOPs (XLA's cost analysis) / `device.flops`, or
 `cluster.compute_time` where no FLOP rate is given.
 """
 

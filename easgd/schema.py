@@ -15,8 +15,9 @@ Groups (configs/default.py; README, "Configuring runs"):
 
 Nothing here is a list of fields kept by hand: a field's role follows from
 its group and from what the algorithm declares it reads (`Rule.reads`, the
-pipeline's `READS`):
-  * `run.*` and `device.*` never change the trajectory;
+pipeline's `READS`, `LAYOUT_READS` and `IGNORED_GROUPS`):
+  * `run.*` and `device.*` never change the trajectory (but the pipeline's
+    data is split one partition a device: `run.devices` shapes it);
   * the algorithm groups (optimizer, outer, downpour, pipeline) change it
     only where the algorithm reads them;
   * every other field always does.
@@ -66,6 +67,19 @@ MOVED = {
 }
 
 
+def hint(field: str) -> str:
+  """One line for a config field that does not exist: its grouped name if it moved."""
+  new = moved(field)
+  if new is not None:
+    return f"config.{field} is now config.{new} (fields are grouped; README, 'Configuring runs')"
+  return f"config.{field} does not exist"
+
+
+def grouped(saved: dict) -> dict:
+  """A flattened config of an earlier version under the grouped names."""
+  return {moved(field) or field: value for field, value in flatten(saved).items()}
+
+
 def moved(field: str) -> str | None:
   """The grouped name of an old flat field name (or of a field under it), or None."""
   for old, new in MOVED.items():
@@ -105,6 +119,13 @@ def reads(algorithm: str) -> tuple[str, ...]:
 def shapes_trajectory(field: str, algorithm: str) -> bool:
   """Whether the dotted `field` can change what `algorithm` trains (see the module doc)."""
   group = field.split(".", maxsplit=1)[0]
+  if algorithm == PIPELINE:
+    # One partition a device and a ring of devices: the device count shapes the
+    # pipeline; it has no workers and no simulated cluster.
+    if field in pipeline_programs.LAYOUT_READS:
+      return True
+    if group in pipeline_programs.IGNORED_GROUPS:
+      return False
   if group in RUN_GROUPS:
     return False
   if group in ALGORITHM_GROUPS:

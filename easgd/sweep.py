@@ -67,11 +67,7 @@ def check_points(
   for number, point in enumerate(points):
     for field in point:
       if field not in known:
-        new = schema.moved(field)
-        hint = f" (it is config.{new} now)" if new in known else ""
-        raise ConfigError(
-          f"sweep point {number} ({name(point)}): config.{field} does not exist{hint}"
-        )
+        raise ConfigError(f"sweep point {number} ({name(point)}): {schema.hint(field)}")
       if field in fixed:
         raise ConfigError(
           f"config.{field} is both swept and set by --config.{field}; drop one of the two"
@@ -97,7 +93,7 @@ def flag_value(value) -> str:
 
 
 def name(point: dict) -> str:
-  """The point's run name, e.g. learning_rate=0.05,moving_rate=0.1."""
+  """The point's run name, e.g. optimizer.learning_rate=0.05,outer.moving_rate=0.1."""
   return ",".join(f"{field}={flag_value(value)}" for field, value in point.items())
 
 

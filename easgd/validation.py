@@ -15,9 +15,10 @@ from easgd.errors import ConfigError
 from easgd.models import BATCH_NORM_MODELS, MODELS
 from easgd.pipeline.programs import PER_MODEL_FIELDS
 from easgd.rules import RULES, Momentum, model_state
+from easgd.rules.parameter_server import Downpour
 from easgd.sim import timing
 
-SERVER_OPTIMIZERS = ("sgd", "adagrad")  # downpour's master
+SERVER_OPTIMIZERS = Downpour.server_optimizers
 
 
 def _require(ok: bool, field: str, value, allowed: str) -> None:
@@ -34,7 +35,13 @@ def _is_number(value) -> bool:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError naming the first field that is out of range."""
+  """Raises ConfigError naming the first field that is unknown or out of range."""
+  # A config file may only set the fields there are: an old flat name or a
+  # typo would otherwise be a field nothing reads.
+  known = schema.flatten(schema.default_config().to_dict())
+  for field in schema.flatten(config.to_dict()):
+    if field not in known:
+      raise ConfigError(schema.hint(field))
   for field, registry in (
     ("algorithm", schema.ALGORITHMS),
     ("model", MODELS),
@@ -315,7 +322,7 @@ def check_resumable(saved: dict, config: ml_collections.ConfigDict, workdir: str
   """A workdir's checkpoint may only be resumed by a configuration that trains the same
   trajectory: only fields that do not shape it (easgd.schema) may differ."""
   # A checkpoint of an earlier version has flat names: compare under the grouped ones.
-  saved = {schema.moved(field) or field: value for field, value in schema.flatten(saved).items()}
+  saved = schema.grouped(saved)
   current = schema.flatten(config.to_dict())
   for field in sorted(set(saved) | set(current)):
     if not schema.shapes_trajectory(field, config.algorithm):

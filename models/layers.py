@@ -1,5 +1,6 @@
 """Pieces the networks share."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -14,6 +15,11 @@ def pad_to(images: jnp.ndarray, side: int) -> jnp.ndarray:
     images,
     ((0, 0), (pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2), (0, 0)),
   )
+
+
+def reduce_window_max_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
+  """2x2 max pooling with stride 2 (VALID) through XLA's reduce_window."""
+  return nn.max_pool(x, (2, 2), strides=(2, 2))
 
 
 def _windows(x: jnp.ndarray) -> jnp.ndarray:

@@ -70,7 +70,7 @@ def parse_overrides(assignments: list[str]) -> dict:
   for assignment in assignments:
     field, equals, value = assignment.partition("=")
     if equals and field not in known and schema.moved(field) in known:
-      raise ConfigError(f"--set {assignment!r}: {field} is now {schema.moved(field)}")
+      raise ConfigError(f"--set {assignment!r}: {schema.hint(field)}")
     if not equals or field not in known:
       raise ConfigError(
         f"--set {assignment!r}: expected FIELD=VALUE with FIELD a config field "
@@ -87,8 +87,7 @@ def parse_overrides(assignments: list[str]) -> dict:
 
 def saved_total_steps(saved: dict):
   """run.total_steps of a checkpoint's config (whose fields may have the old flat names)."""
-  flat = {schema.moved(field) or field: value for field, value in schema.flatten(saved).items()}
-  return flat.get("run.total_steps")
+  return schema.grouped(saved).get("run.total_steps")
 
 
 def curves(workdir: str) -> dict[str, list[tuple[int, float]]]:

@@ -44,18 +44,9 @@ RUN = {
 TIMEOUT = 300
 
 
-def first_rule(policy: Policy | None) -> str:
-  """The first registered elastic rule whose master serves with `policy` (None: synchronous),
-  among those that take no momentum."""
-  return next(
-    name
-    for name in rules.names(elastic=True)
-    if rules.RULES[name].policy == policy and rules.RULES[name].momentum == rules.Momentum.NONE
-  )
-
-
 # The rules the faults hit: the synchronous elastic rule, and a lock-free parameter-server one.
-SYNC, LOCK_FREE = first_rule(None), first_rule(Policy.HOGWILD)
+SYNC = rules.plain(policy=None, elastic=True)
+LOCK_FREE = rules.plain(policy=Policy.HOGWILD, elastic=True)
 
 
 def command(workdir: str, algorithm: str, processes: int) -> list[str]:

@@ -54,25 +54,14 @@ MEASURED_WORKERS = (1, 2, 4, 8)
 BATCH, GLOBAL_BATCH, STEPS, TAU = 32, 256, 300, 4
 
 
-def first_rule(policy: Policy | None, elastic: bool) -> str:
-  """The first registered rule whose master serves with `policy` (None: synchronous) and
-  that exchanges elastically or not, among those that do not require momentum (a velocity
-  changes no clock)."""
-  return next(
-    name
-    for name in rules.names(elastic=elastic)
-    if rules.RULES[name].policy == policy and rules.RULES[name].momentum != rules.Momentum.REQUIRED
-  )
-
-
 # The rules compared, from the registry's declarations: an elastic rule under each
 # master policy (synchronous, round robin, first come first served, lock-free), and
 # the plain-SGD baselines, synchronous and first come first served.
 SYNC_ELASTIC, ROUND_ROBIN_ELASTIC, ASYNC_ELASTIC, LOCK_FREE_ELASTIC = (
-  first_rule(policy, elastic=True)
+  rules.plain(policy=policy, elastic=True)
   for policy in (None, Policy.ROUND_ROBIN, Policy.FCFS, Policy.HOGWILD)
 )
-SYNC_SGD, ASYNC_SGD = (first_rule(policy, elastic=False) for policy in (None, Policy.FCFS))
+SYNC_SGD, ASYNC_SGD = (rules.plain(policy=policy, elastic=False) for policy in (None, Policy.FCFS))
 # (label, rule, all-reduce); the all-reduce only matters to the synchronous rules.
 RING, TREE = timing.Allreduce.RING, timing.Allreduce.TREE
 FAMILIES = (

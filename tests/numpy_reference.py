@@ -39,16 +39,6 @@ def _mean(dicts):
   return {k: np.mean([d[k] for d in dicts], axis=0) for k in dicts[0]}
 
 
-# The least-squares model of the rule tests (tests/least_squares.py).
-
-
-def least_squares_grad(params, batch):
-  """The gradient of L = 0.5 * mean_n ||x_n W + b - y_n||^2, with r_n = x_n W + b - y_n:
-  dL/dW = (1/N) sum_n x_n^T r_n,  dL/db = (1/N) sum_n r_n."""
-  residual = batch["x"] @ params["w"] + params["b"] - batch["y"]
-  return {"w": batch["x"].T @ residual / len(residual), "b": residual.mean(axis=0)}
-
-
 # Synchronous rules (docs/algorithms.md, "Synchronous rules"): `grad(params, batch)`
 # is the gradient of one worker's mean loss on its batch.
 

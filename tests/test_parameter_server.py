@@ -14,8 +14,7 @@ from easgd import rules, steps
 from easgd.infra import sharding
 from easgd.sim import timing
 from easgd.sim.ticks import OpKind
-from least_squares import DIM, OUT, loss_fn
-from numpy_reference import least_squares_grad as numpy_grad
+from least_squares import DIM, OUT, loss_fn, numpy_grad
 
 ETA, ALPHA, MU = 0.05, 0.2, 0.9
 WORKERS, BATCH = 4, 4

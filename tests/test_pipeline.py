@@ -79,7 +79,7 @@ def sequential_numpy_run(initial, num_models, num_devices, num_stages, nesterov)
   return numpy_reference.pipeline_sgd(
     [{name: leaf[slot] for name, leaf in initial.models.items()} for slot in slots],
     [{"x": x[d], "y": y[d]} for d in range(num_devices)],
-    numpy_reference.least_squares_grad,
+    least_squares.numpy_grad,
     batch_indices,
     learning_rate=learning_rate,
     momentum=momentum,

@@ -8,8 +8,7 @@ import pytest
 import numpy_reference
 from easgd import rules, steps
 from easgd.infra import sharding
-from least_squares import DIM, OUT, loss_fn
-from numpy_reference import least_squares_grad as numpy_grad
+from least_squares import DIM, OUT, loss_fn, numpy_grad
 
 BATCH, STEPS = 4, 7
 ETA, ALPHA, MU = 0.1, 0.9 / 8, 0.9

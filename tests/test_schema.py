@@ -65,6 +65,12 @@ def test_what_shapes_a_trajectory_follows_the_groups_and_the_rule():
   assert schema.shapes_trajectory("downpour.n_sync", "downpour")
   assert schema.shapes_trajectory("pipeline.per_model.seed", "pipeline")
   assert not schema.shapes_trajectory("pipeline.stage_steps", "sync_easgd")
+  # The pipeline: one partition a device, no workers, no simulated cluster.
+  assert schema.shapes_trajectory("run.devices", "pipeline")
+  assert not schema.shapes_trajectory("run.devices", "sync_easgd")
+  assert not schema.shapes_trajectory("workers", "pipeline")
+  assert not schema.shapes_trajectory("cluster.latency", "pipeline")
+  assert schema.shapes_trajectory("seed", "pipeline")
   hparams = schema.hparams_of(config_with(algorithm="sync_sgd"))
   assert "optimizer.momentum" in hparams and "outer.comm_period" not in hparams
   assert not any(field.startswith(("run.", "device.")) for field in hparams)

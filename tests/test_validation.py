@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-from easgd import models, validation
+from easgd import models, schema, validation
 from easgd.configs import default
 from easgd.data import datasets
 from easgd.errors import ConfigError
@@ -134,3 +134,38 @@ def test_resuming_names_a_changed_timing_model_field():
   changed.cluster.stragglers = (3,)
   with pytest.raises(ConfigError, match=r"config.cluster.stragglers is \[\] there, \[3\] here"):
     validation.check_resumable(saved, changed, "w")
+
+
+@pytest.mark.parametrize(
+  "field,message",
+  [
+    ("learning_rate", "config.learning_rate is now config.optimizer.learning_rate"),
+    ("cluster.device_memory", "config.cluster.device_memory is now config.device.memory"),
+    ("optimizer.learnig_rate", "config.optimizer.learnig_rate does not exist"),
+  ],
+)
+def test_a_field_that_does_not_exist_is_named_not_ignored(field, message):
+  # As a config file would set it: ml_collections lets a file add fields.
+  config = default.get_config()
+  group, _, name = field.rpartition(".")
+  (config[group] if group else config)[name] = 0.5
+  with pytest.raises(ConfigError, match=message):
+    validation.validate(config)
+
+
+def test_a_checkpoint_of_the_flat_config_resumes_under_the_grouped_names():
+  flat = {"cluster": {}}
+  for field, value in schema.flatten(default.get_config().to_dict()).items():
+    sources = [o for o, new in schema.MOVED.items() if field == new or field.startswith(new + ".")]
+    old = sources[0] if sources else None
+    name = old + field[len(schema.MOVED[old]) :] if old else field
+    flat_group, _, key = name.rpartition(".")
+    target = flat
+    for part in flat_group.split(".") if flat_group else []:
+      target = target.setdefault(part, {})
+    target[key] = value
+  assert "learning_rate" in flat and "device_memory" in flat["cluster"]
+  validation.check_resumable(flat, default.get_config(), "w")
+  flat["learning_rate"] = 0.2
+  with pytest.raises(ConfigError, match=r"config.optimizer.learning_rate is 0.2 there, 0.1 here"):
+    validation.check_resumable(flat, default.get_config(), "w")

@@ -38,6 +38,8 @@ def compile_program(lowered, platform: str, options: dict[str, str] | None = Non
     try:
       return lowered.compile(compiler_options=options)
     except Exception as error:  # noqa: BLE001 (XLA reports a rejected option in several ways)
+      if not any(name in str(error) for name in options):
+        raise  # a failure of the program, not of the options
       _rejected.add(key)
       logging.warning(
         "the compiler rejected %s (%s); compiling without them, at the default speed",

@@ -126,8 +126,15 @@ def place_partitions(mesh: Mesh, images, labels, parts: int, seed: int):
 
 def fetch(tree):
   """Host (NumPy) copies of arrays that may span several processes: every process
-  gets the whole value. A collective when several processes run: all must call it.
+  gets the whole value. A collective when several processes run and an array is
+  split over them: all must call it.
   """
   if jax.process_count() == 1:
     return jax.device_get(tree)
-  return multihost_utils.process_allgather(tree, tiled=True)
+
+  def one(leaf):
+    if isinstance(leaf, jax.Array) and leaf.is_fully_replicated:
+      return np.asarray(leaf.addressable_data(0))  # every process holds all of it
+    return multihost_utils.process_allgather(leaf, tiled=True)
+
+  return jax.tree.map(one, tree)

@@ -67,7 +67,11 @@ class PipelineState:
 
 
 # The config fields the pipeline's trajectory depends on, beyond the common
-# ones (easgd.config): its SGD and its own group.
+# ones (easgd.schema): its SGD and its own group; and the device count, since
+# the data has one partition a device and the models move along a ring of
+# devices. It has no workers and no simulated cluster.
+LAYOUT_READS = ("run.devices",)
+IGNORED_GROUPS = ("workers", "cluster")
 READS = (
   "optimizer.learning_rate",
   "optimizer.momentum",

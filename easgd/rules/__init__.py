@@ -10,7 +10,7 @@ The names below are the interface the rest of the project uses.
 """
 
 from easgd.rules.base import AXIS, Hyper, LossFn, Momentum, Rule, TickInputs, TrainState
-from easgd.rules.registry import RULES, make_rule, names
+from easgd.rules.registry import RULES, make_rule, names, plain
 
 __all__ = [
   "AXIS",
@@ -23,4 +23,5 @@ __all__ = [
   "TrainState",
   "make_rule",
   "names",
+  "plain",
 ]

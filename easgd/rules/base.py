@@ -54,7 +54,7 @@ Metrics = dict[str, jax.Array]
 # loss_fn(params, batch) -> (mean loss, {"accuracy": mean accuracy}) for one worker;
 # a model with BatchNorm also returns its updated statistics as aux["batch_stats"].
 LossFn = Callable[[Params, Batch], tuple[jax.Array, dict[str, jax.Array]]]
-# cluster.Tick.device_inputs(), or {} for the synchronous rules.
+# easgd.sim.ticks.Tick.device_inputs(), or {} for the synchronous rules.
 TickInputs = dict[str, jax.Array]
 
 

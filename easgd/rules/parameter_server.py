@@ -319,6 +319,7 @@ class Downpour(AsyncSGD):
   master applies with SGD or AdaGrad, and fetch x~."""
 
   name = "downpour"
+  server_optimizers: ClassVar[tuple[str, ...]] = ("sgd", "adagrad")  # the master's
   reads = (*AsyncSGD.reads, "downpour.n_sync", "downpour.server_optimizer")
 
   @property

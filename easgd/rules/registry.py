@@ -5,7 +5,8 @@ and one line here.
 """
 
 from easgd.rules import parameter_server, sync
-from easgd.rules.base import Hyper, Rule
+from easgd.rules.base import Hyper, Momentum, Rule
+from easgd.sim.clocks import Policy
 
 RULES: dict[str, type[Rule]] = {
   rule.name: rule
@@ -41,3 +42,14 @@ def names(*, parameter_server: bool | None = None, elastic: bool | None = None) 
     if (parameter_server is None or rule.parameter_server() == parameter_server)
     and (elastic is None or rule.elastic == elastic)
   ]
+
+
+def plain(*, policy: Policy | None, elastic: bool) -> str:
+  """The first registered rule whose master serves with `policy` (None: synchronous)
+  and that exchanges elastically or not, among those that do not require momentum:
+  the plain member of that family (studies and benchmarks pick theirs so)."""
+  return next(
+    name
+    for name in names(elastic=elastic)
+    if RULES[name].policy == policy and RULES[name].momentum != Momentum.REQUIRED
+  )
