@@ -101,7 +101,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)  # the runs log; the sweep says only where it is
-  config = _CONFIG.value
+  config = cli.config_value(_CONFIG)
   user_flags = [arg for arg in sys.argv[1:] if arg.startswith("--config.")]
   fixed = {arg.removeprefix("--config.").partition("=")[0] for arg in user_flags}
   try:

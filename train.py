@@ -18,7 +18,7 @@ from easgd import cli, schema, trainer, validation
 from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged
 from easgd.infra import distributed, sharding
 
-_CONFIG = cli.define_config("configs/default.py")
+_CONFIG = cli.define_config(cli.packaged_config("default.py"))
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Where events and checkpoints go.")
 
 
@@ -32,7 +32,7 @@ def main(argv):
   logging.get_absl_handler().python_handler.addFilter(_quiet_orbax)
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  config = _CONFIG.value
+  config = cli.config_value(_CONFIG)
   try:
     validation.validate(config)
     processes = distributed.requested_processes()

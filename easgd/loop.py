@@ -232,9 +232,11 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
       if eval_now:
         final.update(trainee.evaluate(step))
         evaluated = True
+      # Every point logged so far is on disk before the checkpoint that covers
+      # it is committed: a run killed after the checkpoint loses no history.
+      trainee.flush()
       if save_now:
         trainee.save()
-      trainee.flush()
       if preempted:
         break
       resumed_at = time.perf_counter()

@@ -302,7 +302,7 @@ def make_plan(config: ml_collections.ConfigDict) -> Plan:
 def main(argv, config_flag):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  config = config_flag.value
+  config = cli.config_value(config_flag)
   try:
     check_plannable(config)
     sharding.configure_cpu_devices(schema.resolve_devices(config))
@@ -313,5 +313,5 @@ def main(argv, config_flag):
 
 if __name__ == "__main__":
   # The flag is defined here, not on import, so that tests can import this module.
-  config_flag = cli.define_config("configs/default.py")
+  config_flag = cli.define_config(cli.packaged_config("default.py"))
   app.run(functools.partial(main, config_flag=config_flag), flags_parser=cli.parse_flags)

@@ -71,10 +71,17 @@ class RuleTrainee:
 
   num_models = 1
 
-  def __init__(self, setup: loop.Setup, rule: Rule, state: TrainState, clock: clocks.Clock):
+  def __init__(
+    self,
+    setup: loop.Setup,
+    rule: Rule,
+    state: TrainState,
+    clock: clocks.Clock,
+    resumed_at: int | None = None,
+  ):
     config = setup.config
     self.setup, self.rule, self.state, self.clock = setup, rule, state, clock
-    self.writer = metrics.MetricWriter(setup.workdir)
+    self.writer = metrics.MetricWriter(setup.workdir, resumed_at=resumed_at)
     self.totals = _TickTotals(clock)
     self.sums: dict[str, float] = {}
     self.count = 0
@@ -166,13 +173,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   clock = rule.make_clock(cluster, model_bytes_of(params), config.seed)
 
   checkpointer = setup.checkpointer
-  resuming = checkpointer.latest_step() is not None
-  if resuming:
+  resumed = None
+  if checkpointer.latest_step() is not None:
     resumed, state, clock_state = checkpointer.restore(state)
     clock.load_state_dict(clock_state)
     logging.info("resumed from the checkpoint of step %d", resumed)
-  trainee = RuleTrainee(setup, rule, state, clock)
-  if not resuming:
+  trainee = RuleTrainee(setup, rule, state, clock, resumed_at=resumed)
+  if resumed is None:
     trainee.writer.text("config", "```\n" + json.dumps(config.to_dict(), indent=2) + "\n```")
   final, preempted = loop.run(config, trainee, int(jax.device_get(state.step)), checkpointer)
   return TrainResult(state=trainee.state, metrics=final, preempted=preempted)

@@ -215,6 +215,34 @@ FAULTS = [
 ]
 
 
+# Written into the study's workdir when it makes it: only a directory with it
+# is cleared by a later run of the study.
+MARKER = ".faults-study"
+
+
+def _refuse(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def fresh_workdir(workdir: str) -> None:
+  """Makes `workdir` empty: creates it, or clears one that an earlier run of this
+  study made (it holds MARKER). Anything else that is there and not empty is
+  refused with one line and exit 2, and nothing is deleted."""
+  if os.path.lexists(workdir) and not os.path.isdir(workdir):
+    _refuse(f"--workdir {workdir!r} is not a directory")
+  if os.path.isdir(workdir) and os.listdir(workdir):
+    if not os.path.isfile(os.path.join(workdir, MARKER)):
+      _refuse(
+        f"--workdir {workdir!r} is not empty and was not made by this study "
+        f"(it has no {MARKER}); give a new or empty directory"
+      )
+    shutil.rmtree(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, MARKER), "w") as marker:
+    marker.write("made by studies/faults.py; a rerun of the study clears this directory\n")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workdir", default="runs/faults")
@@ -224,8 +252,7 @@ def main() -> None:
   args = parser.parse_args()
   rng = random.Random(args.seed)
   workdir_arg, args.workdir = args.workdir, os.path.abspath(args.workdir)
-  shutil.rmtree(args.workdir, ignore_errors=True)
-  os.makedirs(args.workdir)
+  fresh_workdir(args.workdir)
   references = {}
   rows = []
   for name, algorithm, processes, inject in FAULTS:

@@ -201,7 +201,7 @@ def test_tensorboard_serves_every_run_with_scalars_and_hparams(which, request):
     (
       '[{"learning_rate": 0.1}]',
       [],
-      "config.learning_rate does not exist (it is config.optimizer.learning_rate now)",
+      "config.learning_rate is now config.optimizer.learning_rate",
     ),
     (
       '[{"optimizer.learning_rate": 0.1}]',

@@ -206,6 +206,8 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
       "config.run.devices=3 is invalid: must be a multiple of the 2 processes",
     ),
     (["--num_processes=2", "--process_id=2"], "--process_id=2 is invalid: must be in [0, 2)"),
+    (["--config=configs/nonexistent.py"], "--config 'configs/nonexistent.py' is not a file"),
+    (["--config=easgd/errors.py"], "--config 'easgd/errors.py' defines no get_config()"),
   ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides, message):

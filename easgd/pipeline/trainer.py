@@ -53,12 +53,21 @@ def _by_model(slot_values: np.ndarray, slot_models: np.ndarray) -> np.ndarray:
 class PipelineTrainee:
   """The pipeline's part of the loop: its state, step and move programs, M writers."""
 
-  def __init__(self, setup: loop.Setup, runner: programs.Pipeline, state, values: dict):
+  def __init__(
+    self,
+    setup: loop.Setup,
+    runner: programs.Pipeline,
+    state,
+    values: dict,
+    resumed_at: int | None = None,
+  ):
     config = setup.config
     self.setup, self.runner, self.state, self.values = setup, runner, state, values
     self.num_models = runner.num_models
     self.writers = [
-      metrics.MetricWriter(os.path.join(setup.workdir, f"model_{m}"), label=f"model_{m}")
+      metrics.MetricWriter(
+        os.path.join(setup.workdir, f"model_{m}"), label=f"model_{m}", resumed_at=resumed_at
+      )
       for m in range(self.num_models)
     ]
     local_step = programs.build_step(
@@ -157,12 +166,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> loop.
   ]
   state = programs.init_state(runner, setup.init_params, hypers, setup.mesh)
   checkpointer = setup.checkpointer
-  resuming = checkpointer.latest_step() is not None
-  if resuming:
+  resumed = None
+  if checkpointer.latest_step() is not None:
     resumed, state, _ = checkpointer.restore(state)
     logging.info("resumed from the checkpoint of step %d", resumed)
-  trainee = PipelineTrainee(setup, runner, state, values)
-  if not resuming:
+  trainee = PipelineTrainee(setup, runner, state, values, resumed_at=resumed)
+  if resumed is None:
     trainee.write_config()
   final, preempted = loop.run(config, trainee, trainee.step_count, checkpointer)
   return loop.TrainResult(state=trainee.state, metrics=final, preempted=preempted)
