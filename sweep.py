@@ -102,6 +102,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)  # the runs log; the sweep says only where it is
   config = cli.config_value(_CONFIG)
+  cli.check_workdir(_WORKDIR.value)
   user_flags = [arg for arg in sys.argv[1:] if arg.startswith("--config.")]
   fixed = {arg.removeprefix("--config.").partition("=")[0] for arg in user_flags}
   try:

@@ -33,6 +33,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   config = cli.config_value(_CONFIG)
+  cli.check_workdir(_WORKDIR.value)
   try:
     validation.validate(config)
     processes = distributed.requested_processes()

@@ -44,6 +44,27 @@ def fail(message: str, code: int = 2):
   sys.exit(code)
 
 
+def check_workdir(path: str, flag: str = "--workdir") -> None:
+  """One line and exit 2 unless `path` is a directory this process can create or write.
+
+  Checked before anything is compiled or written: an empty path, a path that
+  is a file or lies under one, and one in a directory this process may not
+  write to are refused.
+  """
+  if not path:
+    fail(f"{flag} is empty: give the directory for the run's events and checkpoints")
+  absolute = os.path.abspath(path)
+  if os.path.exists(absolute) and not os.path.isdir(absolute):
+    fail(f"{flag}={path!r} is not a directory")
+  existing = absolute
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    fail(f"{flag}={path!r} lies under {existing!r}, which is a file, not a directory")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    fail(f"{flag}={path!r} cannot be written: {existing!r} is not writable by this user")
+
+
 def packaged_config(name: str) -> str:
   """The path of one of the installed configs (configs/<name>), wherever the command runs."""
   from easgd import configs  # noqa: PLC0415 (a path, not a config, is wanted here)

@@ -49,7 +49,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
   ):
     value = schema.lookup(config, field)
     _require(value in registry, field, value, f"valid: {', '.join(sorted(registry))}")
-  _require(_is_int(config.seed), "seed", config.seed, "must be an integer")
+  _require(
+    _is_int(config.seed) and 0 <= config.seed < 2**32,
+    "seed",
+    config.seed,
+    "must be an integer in [0, 2**32)",
+  )
   _validate_data(config.data)
   _validate_optimizer(config.optimizer)
   _validate_outer(config)

@@ -208,6 +208,10 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
     (["--num_processes=2", "--process_id=2"], "--process_id=2 is invalid: must be in [0, 2)"),
     (["--config=configs/nonexistent.py"], "--config 'configs/nonexistent.py' is not a file"),
     (["--config=easgd/errors.py"], "--config 'easgd/errors.py' defines no get_config()"),
+    (["--config.seed=-1"], "config.seed=-1 is invalid: must be an integer in [0, 2**32)"),
+    (["--workdir="], "--workdir is empty"),
+    (["--workdir=README.md"], "--workdir='README.md' is not a directory"),
+    (["--workdir=README.md/run"], "lies under"),
   ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides, message):

@@ -45,6 +45,7 @@ from runs import config_with
     ({"data.batch_size": 0}, r"config.data.batch_size=0 .*>= 1"),
     ({"run.total_steps": 0}, r"config.run.total_steps=0 .*>= 1"),
     ({"workers": 0}, r"config.workers=0 .*>= 1"),
+    ({"seed": -1}, r"config.seed=-1 .*integer in \[0, 2\*\*32\)"),
     ({"data.augment": "mixup"}, r"config.data.augment='mixup' .*valid: none, crop_flip"),
     ({"optimizer.weight_decay": -0.1}, r"config.optimizer.weight_decay=-0.1 .*>= 0"),
     (
