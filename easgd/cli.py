@@ -3,7 +3,6 @@
 Bad input ends in one line on stderr and exit status 2.
 """
 
-import difflib
 import importlib.util
 import os
 import sys
@@ -14,17 +13,6 @@ from ml_collections import config_flags
 from easgd import schema
 
 
-def _unknown_field(field: str) -> str:
-  """One line for an unknown config field: its grouped name if it moved, or the
-  closest known fields."""
-  if schema.moved(field) is not None:
-    return schema.hint(field)
-  known = list(schema.flatten(schema.default_config().to_dict()))
-  close = difflib.get_close_matches(field, known, n=3)
-  suggestion = f"; did you mean {' or '.join(f'config.{c}' for c in close)}?" if close else ""
-  return schema.hint(field) + suggestion
-
-
 def _config_field_error(error: Exception):
   """One line for an unknown --config.FIELD override (exit 2)."""
   del error  # ml_collections' message escapes and wraps the name: find it in argv
@@ -33,7 +21,7 @@ def _config_field_error(error: Exception):
     if arg.startswith("--config."):
       field = arg.removeprefix("--config.").partition("=")[0]
       if field not in known and not any(k.startswith(field + ".") for k in known):
-        fail(_unknown_field(field))
+        fail(schema.hint(field))
   overrides = " ".join(arg for arg in sys.argv[1:] if arg.startswith("--config."))
   fail(f"unknown config field in {overrides}")
 

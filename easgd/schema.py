@@ -25,6 +25,7 @@ A checkpoint resumes under other values of the fields that do not change
 the trajectory, and only the fields that do are hyper-parameters.
 """
 
+import difflib
 import functools
 import json
 import math
@@ -68,11 +69,14 @@ MOVED = {
 
 
 def hint(field: str) -> str:
-  """One line for a config field that does not exist: its grouped name if it moved."""
+  """One line for a config field that does not exist: its grouped name if it moved,
+  else the closest fields there are."""
   new = moved(field)
   if new is not None:
     return f"config.{field} is now config.{new} (fields are grouped; README, 'Configuring runs')"
-  return f"config.{field} does not exist"
+  close = difflib.get_close_matches(field, list(flatten(default_config().to_dict())), n=3)
+  suggestion = f"; did you mean {' or '.join(f'config.{c}' for c in close)}?" if close else ""
+  return f"config.{field} does not exist{suggestion}"
 
 
 def grouped(saved: dict) -> dict:
