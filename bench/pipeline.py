@@ -107,6 +107,8 @@ def main():
     np.full(num_models, 0.05, np.float32),
     np.zeros(num_models, np.float32),
     np.zeros(num_models, np.float32),
+    np.full(num_models, 0.9, np.float32),
+    np.full(num_models, 0.999, np.float32),
   )
   results = {}
 

@@ -22,18 +22,45 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.augment = "none"  # none | crop_flip (CIFAR's pad-4 random crop and flip)
   config.data.batch_size = 32  # per worker (pipeline: per model)
 
-  # The workers' local step (and the center's, for sync_sgd).
+  # The workers' local step: an optax optimizer and its learning-rate schedule
+  # (easgd/rules/optimizers.py); sync_sgd's shared model takes it too.
   config.optimizer = ml_collections.ConfigDict()
-  config.optimizer.learning_rate = 0.1  # eta
-  # mu (delta with nesterov): sync_sgd (optional), sync_measgd, async_measgd; async_msgd's master
+  config.optimizer.name = "sgd"  # sgd | adamw
+  config.optimizer.learning_rate = 0.1  # eta; the peak under a schedule
+  # sgd's mu (classic or Nesterov): optional for the rules with a center and
+  # sync_sgd, required by sync_measgd and async_measgd; async_msgd's master's
   config.optimizer.momentum = 0.0
   config.optimizer.nesterov = False
-  config.optimizer.weight_decay = 0.0  # lambda: every gradient is g + lambda*x
+  # lambda: sgd adds lambda*x to every gradient (L2); adamw decays decoupled
+  config.optimizer.weight_decay = 0.0
+  config.optimizer.b1 = 0.9  # adamw's moments
+  config.optimizer.b2 = 0.999
+  config.optimizer.eps = 1e-8
+  # constant | warmup_cosine | warmup_step, over run.total_steps of each
+  # worker's own local steps: warmup_steps of linear warm-up from 0, then a
+  # cosine to 0, or a multiplication by decay_factor at each boundary (fractions
+  # of run.total_steps).
+  config.optimizer.schedule = "constant"
+  config.optimizer.warmup_steps = 0
+  config.optimizer.boundaries = (0.5, 0.75)
+  config.optimizer.decay_factor = 0.1
 
-  # The center and the exchanges with it (the elastic rules).
+  # The center and the exchanges with it (easgd/rules/outer.py): every tau
+  # steps the pseudo-gradient Delta = mean_i (center - x_i) moves the center
+  # through the outer optimizer, and the workers are pulled back.
   config.outer = ml_collections.ConfigDict()
-  config.outer.comm_period = 4  # tau: local steps between elastic exchanges
-  config.outer.moving_rate = 0.9 / 8  # alpha; beta = workers * moving_rate must be < 1
+  config.outer.comm_period = 4  # tau: local steps between exchanges
+  config.outer.moving_rate = 0.9 / 8  # alpha of the elastic pull; beta = workers * alpha < 1
+  config.outer.pull = ""  # "": the rule's own | elastic | reset (diloco takes either)
+  # The outer optimizer: diloco's (these defaults are DiLoCo's); lookahead's
+  # slow-weight rate alpha is outer.learning_rate.
+  config.outer.optimizer = "sgd"  # sgd | adam
+  config.outer.learning_rate = 0.7  # eta_o
+  config.outer.momentum = 0.9  # mu_o
+  config.outer.nesterov = True
+  # What a worker sends at an exchange: float32 | bfloat16 | int8 (per-tensor
+  # scale, stochastic rounding; easgd/rules/exchange.py).
+  config.outer.exchange_dtype = "float32"
   # BatchNorm statistics (resnet20, vgg11): "averaged" into the center like the
   # parameters, so the center is one usable model; or "local" to each worker,
   # the center then scored with each worker's in turn (easgd/rules/model_state.py).
@@ -44,8 +71,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.downpour.n_sync = 4  # local steps between push and fetch
   config.downpour.server_optimizer = "sgd"  # the master's: sgd | adagrad
 
-  # The pipeline: M models trained at once, each with SGD on one device at a
-  # time, moved along the ring of devices every stage_steps steps.
+  # The pipeline: M models trained at once, each with the optimizer group's
+  # optimizer and schedule on one device at a time, moved along the ring of
+  # devices every stage_steps steps.
   config.pipeline = ml_collections.ConfigDict()
   config.pipeline.models = 4  # M; the devices must divide it
   config.pipeline.stage_steps = 25  # steps on one partition before the models move
@@ -55,6 +83,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.pipeline.per_model.learning_rate = ()
   config.pipeline.per_model.momentum = ()
   config.pipeline.per_model.weight_decay = ()
+  config.pipeline.per_model.b1 = ()
+  config.pipeline.per_model.b2 = ()
   config.pipeline.per_model.seed = ()
 
   # The timing model (easgd/sim/timing.py): it orders the parameter-server

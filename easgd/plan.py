@@ -37,7 +37,7 @@ from easgd.data import datasets
 from easgd.errors import ConfigError
 from easgd.infra import sharding
 from easgd.infra.compile import compile_program
-from easgd.rules import AXIS, RULES, Hyper, make_rule, model_state
+from easgd.rules import AXIS, RULES, Hyper, exchange, make_rule, model_state
 from easgd.sim import sizing, ticks, timing
 
 # Worker counts of the scaling table in the report.
@@ -76,6 +76,8 @@ class StepCompiler:
     images = jnp.zeros((1, *self.shape.image_shape), jnp.uint8)
     params = model_state.model_tree(jax.eval_shape(self.model.init, jax.random.PRNGKey(0), images))
     self.model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
+    # What one exchange sends (easgd.rules.exchange), as train.py's clock counts it.
+    self.message_bytes = exchange.message_bytes(params, config.outer.exchange_dtype)
     self.rule = make_rule(config.algorithm, Hyper.from_config(config))
     state = jax.eval_shape(self.rule.init, params, jax.random.PRNGKey(0))
     self.state = _abstract(state, sharding.named(mesh, sharding.state_specs(state)))
@@ -279,7 +281,7 @@ def make_plan(config: ml_collections.ConfigDict) -> Plan:
     source = "cluster.compute_time; set device.flops to derive it from the FLOPs"
   steady = sizing.Timing(
     cluster=timing_model,
-    model_bytes=compiler.model_bytes,
+    model_bytes=compiler.message_bytes,
     compute_time=compute_time,
     period=compiler.rule.period,
     family=sizing.family_of(compiler.rule.policy),

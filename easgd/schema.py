@@ -17,7 +17,8 @@ Nothing here is a list of fields kept by hand: a field's role follows from
 its group and from what the algorithm declares it reads (`Rule.reads`, the
 pipeline's `READS`, `LAYOUT_READS` and `IGNORED_GROUPS`):
   * `run.*` and `device.*` never change the trajectory (but the pipeline's
-    data is split one partition a device: `run.devices` shapes it);
+    data is split one partition a device: `run.devices` shapes it; and a
+    learning-rate schedule spans `run.total_steps`, which then shapes it);
   * the algorithm groups (optimizer, outer, downpour, pipeline) change it
     only where the algorithm reads them;
   * every other field always does.
@@ -38,6 +39,8 @@ from easgd.rules import RULES
 PIPELINE = "pipeline"
 ALGORITHMS = (*RULES, PIPELINE)
 RUN_GROUPS = ("run", "device")
+# The run field a learning-rate schedule spans (easgd.rules.optimizers).
+SCHEDULE_HORIZON = "run.total_steps"
 ALGORITHM_GROUPS = ("optimizer", "outer", "downpour", "pipeline")
 
 # Flat names of earlier versions -> their grouped names.
@@ -54,6 +57,9 @@ MOVED = {
   "comm_period": "outer.comm_period",
   "moving_rate": "outer.moving_rate",
   "batch_stats": "outer.batch_stats",
+  "exchange_dtype": "outer.exchange_dtype",
+  "schedule": "optimizer.schedule",
+  "warmup_steps": "optimizer.warmup_steps",
   "n_sync": "downpour.n_sync",
   "server_optimizer": "downpour.server_optimizer",
   "models": "pipeline.models",
@@ -120,9 +126,13 @@ def reads(algorithm: str) -> tuple[str, ...]:
   return pipeline_programs.READS if algorithm == PIPELINE else RULES[algorithm].reads
 
 
-def shapes_trajectory(field: str, algorithm: str) -> bool:
-  """Whether the dotted `field` can change what `algorithm` trains (see the module doc)."""
+def shapes_trajectory(field: str, algorithm: str, schedule: str = "constant") -> bool:
+  """Whether the dotted `field` can change what `algorithm` trains (see the module doc)
+  under the learning-rate `schedule`: a schedule other than constant spans
+  run.total_steps, which then shapes the trajectory too."""
   group = field.split(".", maxsplit=1)[0]
+  if field == SCHEDULE_HORIZON:
+    return schedule != "constant"
   if algorithm == PIPELINE:
     # One partition a device and a ring of devices: the device count shapes the
     # pipeline; it has no workers and no simulated cluster.
@@ -168,5 +178,5 @@ def hparams_of(config: ml_collections.ConfigDict) -> dict:
   return {
     field: _hparam(value)
     for field, value in flatten(config.to_dict()).items()
-    if shapes_trajectory(field, config.algorithm)
+    if shapes_trajectory(field, config.algorithm, config.optimizer.schedule)
   }

@@ -17,14 +17,10 @@ from easgd import evaluation, loop, schema, steps
 from easgd.data import augment as augment_lib
 from easgd.infra import metrics
 from easgd.infra.compile import compile_program
-from easgd.rules import Hyper, Rule, TrainState, make_rule, model_state
+from easgd.rules import Hyper, Rule, TrainState, exchange, make_rule, model_state
 from easgd.sim import clocks, ticks, timing
 
 TrainResult = loop.TrainResult
-
-
-def model_bytes_of(tree) -> int:
-  return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
 
 
 class _TickTotals:
@@ -170,7 +166,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   rule = make_rule(config.algorithm, Hyper.from_config(config))
   state = steps.init_state(rule, params, run_rng, setup.mesh)
   cluster = timing.Cluster.from_config(config.cluster)
-  clock = rule.make_clock(cluster, model_bytes_of(params), config.seed)
+  # Every exchange message is sized as it is sent (easgd.rules.exchange).
+  message_bytes = exchange.message_bytes(params, config.outer.exchange_dtype)
+  clock = rule.make_clock(cluster, message_bytes, config.seed)
 
   checkpointer = setup.checkpointer
   resumed = None

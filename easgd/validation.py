@@ -8,30 +8,23 @@ import math
 
 import ml_collections
 
-from easgd import schema
+from easgd import optimizer_checks, schema
 from easgd.data import augment
 from easgd.data.datasets import DATASETS
 from easgd.errors import ConfigError
 from easgd.models import BATCH_NORM_MODELS, MODELS
 from easgd.pipeline.programs import PER_MODEL_FIELDS
-from easgd.rules import RULES, Momentum, model_state
+from easgd.rules import RULES, model_state
+from easgd.rules.base import Pull
 from easgd.rules.parameter_server import Downpour
 from easgd.sim import timing
 
 SERVER_OPTIMIZERS = Downpour.server_optimizers
 
 
-def _require(ok: bool, field: str, value, allowed: str) -> None:
-  if not ok:
-    raise ConfigError(f"config.{field}={value!r} is invalid: {allowed}")
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+_require = optimizer_checks.require
+_is_int = optimizer_checks.is_int
+_is_number = optimizer_checks.is_number
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -56,8 +49,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     "must be an integer in [0, 2**32)",
   )
   _validate_data(config.data)
-  _validate_optimizer(config.optimizer)
+  optimizer_checks.validate_optimizer(config)
   _validate_outer(config)
+  optimizer_checks.validate_outer_optimizer(config)
   _validate_downpour(config.downpour)
   _validate_run(config.run)
   validate_cluster(config.cluster, config.workers)
@@ -83,30 +77,6 @@ def _validate_data(data: ml_collections.ConfigDict) -> None:
   )
 
 
-def _validate_optimizer(optimizer: ml_collections.ConfigDict) -> None:
-  _require(
-    _is_number(optimizer.learning_rate) and optimizer.learning_rate > 0,
-    "optimizer.learning_rate",
-    optimizer.learning_rate,
-    "must be a finite number > 0",
-  )
-  _require(
-    _is_number(optimizer.momentum) and 0 <= optimizer.momentum < 1,
-    "optimizer.momentum",
-    optimizer.momentum,
-    "must be in [0, 1)",
-  )
-  _require(
-    isinstance(optimizer.nesterov, bool), "optimizer.nesterov", optimizer.nesterov, "True or False"
-  )
-  _require(
-    _is_number(optimizer.weight_decay) and optimizer.weight_decay >= 0,
-    "optimizer.weight_decay",
-    optimizer.weight_decay,
-    "must be a finite number >= 0",
-  )
-
-
 def _validate_outer(config: ml_collections.ConfigDict) -> None:
   outer = config.outer
   _require(
@@ -116,11 +86,20 @@ def _validate_outer(config: ml_collections.ConfigDict) -> None:
     f"valid: {', '.join(model_state.BATCH_STATS_CHOICES)} (BatchNorm statistics: "
     "averaged into the center like parameters, or kept by each worker)",
   )
-  if config.algorithm in RULES and RULES[config.algorithm].elastic:
-    # Only the elastic rules read these: another rule ignores them.
-    tau, alpha = outer.comm_period, outer.moving_rate
+  rule = RULES.get(config.algorithm)
+  if rule is not None and (rule.elastic or rule.pulls):
+    # Only the rules with a center exchange read these: another rule ignores them.
+    tau = outer.comm_period
     _require(_is_int(tau) and tau >= 1, "outer.comm_period", tau, "must be an integer >= 1")
+  if _elastic(config):
+    alpha = outer.moving_rate
     _require(_is_number(alpha) and 0 < alpha < 1, "outer.moving_rate", alpha, "must be in (0, 1)")
+
+
+def _elastic(config: ml_collections.ConfigDict) -> bool:
+  """Whether the configured rule pulls its workers elastically (reads alpha)."""
+  rule = RULES.get(config.algorithm)
+  return rule is not None and optimizer_checks.pull_in_force(config) == Pull.ELASTIC
 
 
 def _validate_downpour(downpour: ml_collections.ConfigDict) -> None:
@@ -197,6 +176,8 @@ def _validate_pipeline(config: ml_collections.ConfigDict) -> None:
     "learning_rate": (lambda v: _is_number(v) and v > 0, "every value must be > 0"),
     "momentum": (lambda v: _is_number(v) and 0 <= v < 1, "every value must be in [0, 1)"),
     "weight_decay": (lambda v: _is_number(v) and v >= 0, "every value must be >= 0"),
+    "b1": (lambda v: _is_number(v) and 0 <= v < 1, "every value must be in [0, 1)"),
+    "b2": (lambda v: _is_number(v) and 0 <= v < 1, "every value must be in [0, 1)"),
     "seed": (_is_int, "every value must be an integer"),
   }
   for field in PER_MODEL_FIELDS:
@@ -209,6 +190,13 @@ def _validate_pipeline(config: ml_collections.ConfigDict) -> None:
     )
     ok, allowed = checks[field]
     _require(all(ok(v) for v in values), f"pipeline.per_model.{field}", values, allowed)
+  momentum = pipeline.per_model.momentum
+  _require(
+    config.optimizer.name != "adamw" or not any(momentum),
+    "pipeline.per_model.momentum",
+    momentum,
+    "adamw has no momentum of SGD's (each model's first moment is pipeline.per_model.b1)",
+  )
 
 
 def _validate_rule(config: ml_collections.ConfigDict) -> None:
@@ -216,27 +204,8 @@ def _validate_rule(config: ml_collections.ConfigDict) -> None:
   workers = config.workers
   _require_spread(config, "workers")
   rule = RULES[config.algorithm]
-  momentum = config.optimizer.momentum
-  if rule.momentum == Momentum.REQUIRED:
-    _require(
-      0 < momentum < 1, "optimizer.momentum", momentum, f"{rule.name} needs a momentum in (0, 1)"
-    )
-  elif rule.momentum == Momentum.NONE:
-    with_momentum = ", ".join(n for n, r in RULES.items() if r.momentum != Momentum.NONE)
-    _require(
-      momentum == 0,
-      "optimizer.momentum",
-      momentum,
-      f"{rule.name} takes no momentum (momentum 0); rules with momentum: {with_momentum}",
-    )
-  with_nesterov = ", ".join(n for n, r in RULES.items() if r.nesterov)
-  _require(
-    not config.optimizer.nesterov or rule.nesterov,
-    "optimizer.nesterov",
-    config.optimizer.nesterov,
-    f"{rule.name} has no Nesterov form; rules with one: {with_nesterov}",
-  )
-  if rule.elastic:
+  optimizer_checks.validate_rule_optimizer(config)
+  if _elastic(config):
     alpha = config.outer.moving_rate
     _require(
       workers * alpha < 1,
@@ -330,7 +299,7 @@ def check_resumable(saved: dict, config: ml_collections.ConfigDict, workdir: str
   saved = schema.grouped(saved)
   current = schema.flatten(config.to_dict())
   for field in sorted(set(saved) | set(current)):
-    if not schema.shapes_trajectory(field, config.algorithm):
+    if not schema.shapes_trajectory(field, config.algorithm, config.optimizer.schedule):
       continue
     if saved.get(field) != current.get(field):
       raise ConfigError(

@@ -59,7 +59,7 @@ def sync_sgd(x0, batches, grad, eta, mu=0.0, nesterov=False):
 def sync_easgd(x0, batches, grad, eta, alpha, tau, mu=None, nesterov=False):
   """EASGD (mu None) or MEASGD/EAMSGD; returns [(workers, center)] after each step.
 
-  Step t: u_i = -eta*g_i(x_i), or v_i <- mu*v_i - eta*g_i(x_i [+ mu*v_i]), u_i = v_i.
+  Step t: u_i = -eta*g_i(x_i), or m_i <- mu*m_i + g_i, u_i = -eta*m_i (or -eta*(g_i + mu*m_i)).
   If (t+1) % tau == 0, with d_i = x_i - center before the exchange:
   x_i <- x_i + u_i - alpha*d_i, center <- center + alpha*sum_i d_i; else x_i <- x_i + u_i.
   """
@@ -74,9 +74,9 @@ def sync_easgd(x0, batches, grad, eta, alpha, tau, mu=None, nesterov=False):
       if mu is None:
         updates.append(_scale(grad(workers[i], step_batches[i]), -eta))
       else:
-        at = _add(workers[i], velocity[i], mu) if nesterov else workers[i]
-        velocity[i] = _add(_scale(velocity[i], mu), grad(at, step_batches[i]), -eta)
-        updates.append(velocity[i])
+        g = grad(workers[i], step_batches[i])
+        velocity[i] = _add(_scale(velocity[i], mu), g)
+        updates.append(_scale(_add(g, velocity[i], mu) if nesterov else velocity[i], -eta))
     if (t + 1) % tau == 0:
       distances = [_sub(w, center) for w in workers]
       workers = [
@@ -108,7 +108,7 @@ def parameter_server(
   eta,
   alpha=0.0,
   mu=None,
-  nesterov=False,
+  inner=None,
   server="sgd",
   until,
 ):
@@ -122,8 +122,9 @@ def parameter_server(
   family: "elastic" (EASGD: on steps with (k+1) % period == 0 the worker sends
     x_i at the step's start; after the reply, x_i <- x_i - e + u(x_i) with
     e = alpha*(x_i - center) and u the local update at the x_i it sent), or
-    "push" (SGD/Downpour: x_i <- x_i - eta*g, G_i += g at the end of each
+    "push" (SGD/Downpour: x_i <- x_i + u, G_i += g at the end of each
     step; every period-th step ends by pushing G_i and fetching the center).
+  inner: the workers' optimizer (numpy_optim.Optimizer) or None (u = -eta*g); mu: the master's.
   lock: "fcfs" (a FIFO queue at a locked master), "round_robin", or None (Hogwild:
     read on arrival, write master_time later).
   durations(i, k): compute time of worker i's step k.
@@ -136,7 +137,7 @@ def parameter_server(
   """
   num_workers = len(batches)
   workers = [dict(x0) for _ in range(num_workers)]
-  velocity = [_zeros(x0) for _ in range(num_workers)]
+  states = [inner.init(x0) if inner else None for _ in range(num_workers)]
   accumulated = [_zeros(x0) for _ in range(num_workers)]
   center = dict(x0)
   momentum, adagrad = _zeros(x0), {k: np.full_like(v, 0.1) for k, v in x0.items()}
@@ -155,12 +156,11 @@ def parameter_server(
   def at(time, priority, worker, name):
     heapq.heappush(events, (time, priority, worker, name))
 
-  def local_update(i, x, batch):
-    if mu is None:
-      return _scale(grad(x, batch), -eta)
-    point = _add(x, velocity[i], mu) if nesterov else x
-    velocity[i] = _add(_scale(velocity[i], mu), grad(point, batch), -eta)
-    return velocity[i]
+  def local_update(i, x, g):
+    if inner is None:
+      return _scale(g, -eta)
+    u, states[i] = inner.update(g, states[i], x)
+    return u
 
   def begin(i, time):
     k = steps[i]
@@ -248,13 +248,13 @@ def parameter_server(
       exchanged = family == "elastic" and (k + 1) % period == 0
       if family == "elastic":
         x = sent[i] if exchanged else workers[i]
-        update = local_update(i, x, batch)
+        update = local_update(i, x, grad(x, batch))
         workers[i] = _add(_sub(x, reply[i]) if exchanged else x, update)
         worker_histories[i].append(dict(workers[i]))
         begin(i, time)
       else:
         g = grad(workers[i], batch)
-        workers[i] = _add(workers[i], g, -eta)
+        workers[i] = _add(workers[i], local_update(i, workers[i], g))
         accumulated[i] = _add(accumulated[i], g)
         worker_histories[i].append(dict(workers[i]))
         if steps[i] % period == 0:

@@ -232,6 +232,7 @@ def test_pipeline_models_carry_their_statistics_and_decay_only_parameters():
   seeds = np.arange(num_devices, dtype=np.int32)
   hypers = [seeds, np.full(num_devices, ETA, np.float32), np.zeros(num_devices, np.float32)]
   hypers.append(np.full(num_devices, decay, np.float32))
+  hypers += [np.full(num_devices, 0.9, np.float32), np.full(num_devices, 0.999, np.float32)]
   state = programs.init_state(runner, lambda key: tree, hypers, mesh)
   rng = np.random.default_rng(2)
   images = (3 + 2 * rng.normal(size=(num_devices, partition, FEATURES))).astype(np.float32)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import numpy_optim
 import numpy_reference
 from easgd import rules, steps
 from easgd.infra import sharding
@@ -113,9 +114,40 @@ def worker_row(state, i):
 @pytest.mark.parametrize("num_devices", [4, 2])
 @pytest.mark.parametrize("name", sorted(REFERENCE))
 def test_rule_follows_a_literal_parameter_server(name, num_devices):
-  family, lock, period, server, mu, nesterov = REFERENCE[name]
+  _, _, _, server, mu, nesterov = REFERENCE[name]
+  # async_msgd's momentum is its master's; a momentum rule's workers have it.
+  inner = numpy_optim.sgd(ETA, mu, nesterov) if mu and server != "momentum" else None
+  follows_the_event_loop(name, hyper_for(name), inner, num_devices)
+
+
+@pytest.mark.parametrize(
+  "name,settings,inner",
+  [
+    (
+      "async_easgd",
+      dict(optimizer="adamw", schedule="warmup_cosine", warmup_steps=4, weight_decay=0.1),
+      numpy_optim.Optimizer("adamw", numpy_optim.warmup_cosine(ETA, 4, 30), wd=0.1),
+    ),
+    (
+      "hogwild_easgd",
+      dict(momentum=MU, schedule="warmup_step", warmup_steps=2, boundaries=(0.2, 0.4)),
+      numpy_optim.Optimizer("sgd", numpy_optim.warmup_step(ETA, 2, 30, (0.2, 0.4), 0.1), mu=MU),
+    ),
+    ("downpour", dict(optimizer="adamw"), numpy_optim.Optimizer("adamw", lambda t: ETA)),
+  ],
+)
+def test_each_workers_inner_optimizer_and_schedule_follow_its_own_steps(name, settings, inner):
+  """A slow worker's schedule lags a fast one's: each runs on its own local step count."""
+  hyper = dataclasses.replace(hyper_for(name), total_steps=30, **settings)
+  follows_the_event_loop(name, hyper, inner, 2)
+
+
+def follows_the_event_loop(name, hyper, inner, num_devices):
+  """The rule's state after each tick is numpy_reference.parameter_server's after the
+  same events."""
+  family, lock, period, server, mu, _ = REFERENCE[name]
   x0, batches = make_data(WORKERS, steps_count=60)
-  states, ticks = run_ticks(name, hyper_for(name), UNEQUAL, x0, batches, 30, num_devices)
+  states, ticks = run_ticks(name, hyper, UNEQUAL, x0, batches, 30, num_devices)
 
   mean = UNEQUAL.mean_step_times(WORKERS)
 
@@ -137,7 +169,7 @@ def test_rule_follows_a_literal_parameter_server(name, num_devices):
     eta=ETA,
     alpha=ALPHA,
     mu=mu,
-    nesterov=nesterov,
+    inner=inner,
     server=server,
     until=ticks[-1].time + 10,
   )

@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 import least_squares
 import numpy_reference
-from easgd import steps
+from easgd import rules, steps
 from easgd.infra import hlo, sharding
 from easgd.pipeline import programs
 from easgd.rules import AXIS
@@ -41,12 +41,14 @@ def hypers(num_models):
   learning_rate = rng.uniform(0.02, 0.1, num_models).astype(np.float32)
   momentum = np.where(np.arange(num_models) % 2, 0.9, 0.0).astype(np.float32)
   weight_decay = np.where(np.arange(num_models) % 3 == 1, 0.01, 0.0).astype(np.float32)
-  return seeds, learning_rate, momentum, weight_decay
+  b1, b2 = np.full(num_models, 0.9, np.float32), np.full(num_models, 0.999, np.float32)
+  return seeds, learning_rate, momentum, weight_decay, b1, b2
 
 
 def run(num_models, num_devices, num_stages, nesterov):
   mesh = sharding.make_mesh(num_devices)
-  runner = programs.Pipeline(num_models, num_devices, STAGE_STEPS, nesterov)
+  settings = rules.Hyper(num_workers=1, learning_rate=1.0, nesterov=nesterov)
+  runner = programs.Pipeline(num_models, num_devices, STAGE_STEPS, settings)
   state = programs.init_state(runner, init_params, hypers(num_models), mesh)
   initial = jax.device_get(state)
   x, y = data(num_devices)
@@ -75,7 +77,7 @@ def sequential_numpy_run(initial, num_models, num_devices, num_stages, nesterov)
     return np.asarray(steps.batch_indices(key, jnp.int32(step), partition, PARTITION_SIZE, BATCH))
 
   x, y = data(num_devices)
-  _, learning_rate, momentum, weight_decay = hypers(num_models)
+  _, learning_rate, momentum, weight_decay, _, _ = hypers(num_models)
   return numpy_reference.pipeline_sgd(
     [{name: leaf[slot] for name, leaf in initial.models.items()} for slot in slots],
     [{"x": x[d], "y": y[d]} for d in range(num_devices)],

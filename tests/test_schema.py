@@ -25,6 +25,11 @@ OTHER_VALUES = {
   "outer.comm_period": 2,
   "outer.moving_rate": 0.2,
   "outer.batch_stats": "local",
+  "outer.pull": "elastic",
+  "outer.optimizer": "adam",
+  "outer.learning_rate": 0.3,
+  "outer.momentum": 0.5,
+  "outer.nesterov": False,
   "downpour.n_sync": 2,
   "downpour.server_optimizer": "adagrad",
 }
@@ -41,8 +46,8 @@ def test_every_moved_name_points_at_a_field_and_none_is_left_flat():
 
 def test_every_declared_read_and_hyper_field_exists():
   for rule in rules.RULES.values():
-    for field in rule.reads:
-      assert field in FIELDS, (rule.name, field)
+    for field in rule.reads:  # a field, or a whole group
+      assert field in FIELDS or any(f.startswith(field + ".") for f in FIELDS), (rule.name, field)
   for field in dataclasses.fields(rules.Hyper):
     assert field.metadata["config"] in FIELDS
 
@@ -56,6 +61,11 @@ def test_hyper_comes_from_the_grouped_fields():
 
 def test_what_shapes_a_trajectory_follows_the_groups_and_the_rule():
   assert not schema.shapes_trajectory("run.total_steps", "sync_easgd")
+  # A schedule spans the run: its length then shapes the trajectory.
+  assert schema.shapes_trajectory("run.total_steps", "sync_easgd", "warmup_cosine")
+  assert schema.shapes_trajectory("optimizer.schedule", "async_sgd")
+  assert not schema.shapes_trajectory("outer.learning_rate", "sync_easgd")
+  assert schema.shapes_trajectory("outer.learning_rate", "diloco")
   assert not schema.shapes_trajectory("device.memory", "sync_easgd")
   assert schema.shapes_trajectory("cluster.latency", "sync_sgd")
   assert schema.shapes_trajectory("data.batch_size", "pipeline")

@@ -26,6 +26,7 @@ TAGS = {
   "train/loss",
   "train/accuracy",
   "train/images_per_sec",
+  "train/learning_rate",
   "eval/center_accuracy",
   "eval/worker_accuracy",
   "eval/consensus_distance",

@@ -25,7 +25,10 @@ from runs import config_with
       {"outer.moving_rate": 0.125},
       r"config.outer.moving_rate=0.125 .*beta = workers\*moving_rate = 1",
     ),
-    ({"optimizer.momentum": 0.9}, r"config.optimizer.momentum=0.9 .*sync_easgd takes no momentum"),
+    (
+      {"algorithm": "hogwild_sgd", "optimizer.momentum": 0.9},
+      r"config.optimizer.momentum=0.9 .*hogwild_sgd takes no momentum",
+    ),
     (
       {"algorithm": "async_sgd", "optimizer.momentum": 0.9},
       r"config.optimizer.momentum=0.9 .*async_sgd takes no",
@@ -106,7 +109,9 @@ def test_default_config_is_valid():
   validation.validate(config_with({"outer.batch_stats": "local"}, algorithm="sync_sgd"))
 
 
-@pytest.mark.parametrize("name", ["cifar10_resnet20", "cifar10_vgg11", "cifar10_alexnet"])
+@pytest.mark.parametrize(
+  "name", ["cifar10_resnet20", "cifar10_resnet20_diloco", "cifar10_vgg11", "cifar10_alexnet"]
+)
 def test_cifar_configs_are_valid_and_their_batches_fit(name):
   config = importlib.import_module(f"easgd.configs.{name}").get_config()
   validation.validate(config)

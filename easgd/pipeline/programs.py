@@ -15,12 +15,19 @@ and after D stages it has seen every partition once. With k = 1, device d
 trains model (d - s) mod M at stage s (docs/algorithms.md).
 
 Each model m has its own hyper-parameters, held as arrays in its optimizer
-state (optax.inject_hyperparams), so M models of one run are a sweep:
+state (optax.inject_hyperparams), so M models of one run are a sweep. The
+optimizer is the rules' inner one (easgd.rules.optimizers) with model m's
+values; with sgd:
 
     g  = grad of the mean loss of a batch of b examples at x_m
     g' = g + lambda_m * x_m                     (weight decay)
     v  <- mu_m * v + g'                         (optax.sgd's trace; v = 0 at start)
-    x_m <- x_m - eta_m * v                      (Nesterov: x_m - eta_m * (g' + mu_m * v))
+    x_m <- x_m - eta_m(t) * v                   (Nesterov: x_m - eta_m(t) * (g' + mu_m * v))
+
+and with adamw, Adam's moments with model m's b1, b2 and decoupled decay
+lambda_m. The schedule's shape is the run's (optimizer.schedule): model m's
+learning rate is eta_m(t) = eta_m * s(t), s the schedule at peak 1, t the
+model's step count.
 
 Model m's initial parameters come from its seed; its batches are drawn from
 (seed, stage, partition, step within the stage), a permutation of the
@@ -30,7 +37,8 @@ optimizer sees its parameters only, and each step sets the statistics to
 the forward pass's s' (easgd.rules.model_state).
 """
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +51,7 @@ from jax.sharding import PartitionSpec as P
 from easgd import steps
 from easgd.data import augment as augment_lib
 from easgd.infra import sharding
-from easgd.rules import AXIS, LossFn, model_state
+from easgd.rules import AXIS, Hyper, LossFn, model_state, optimizers
 
 
 @struct.dataclass
@@ -72,65 +80,78 @@ class PipelineState:
 # devices. It has no workers and no simulated cluster.
 LAYOUT_READS = ("run.devices",)
 IGNORED_GROUPS = ("workers", "cluster")
-READS = (
-  "optimizer.learning_rate",
-  "optimizer.momentum",
-  "optimizer.nesterov",
-  "optimizer.weight_decay",
-  "pipeline.models",
-  "pipeline.stage_steps",
-  "pipeline.per_model.learning_rate",
-  "pipeline.per_model.momentum",
-  "pipeline.per_model.weight_decay",
-  "pipeline.per_model.seed",
-)
+READS = ("optimizer", "pipeline.models", "pipeline.stage_steps", "pipeline.per_model")
 # The values a model may set for itself (pipeline.per_model.*), and the
 # config field each one replaces for that model.
 PER_MODEL_SOURCE = {
   "learning_rate": "optimizer.learning_rate",
   "momentum": "optimizer.momentum",
   "weight_decay": "optimizer.weight_decay",
+  "b1": "optimizer.b1",
+  "b2": "optimizer.b2",
   "seed": "seed",
 }
 PER_MODEL_FIELDS = tuple(PER_MODEL_SOURCE)
+# The optimizer's, in the order Pipeline.init takes them after the seeds.
+HYPER_FIELDS = ("learning_rate", "momentum", "weight_decay", "b1", "b2")
 
 
-def _sgd(learning_rate, momentum, weight_decay, nesterov: bool):
-  return optax.chain(
-    optax.add_decayed_weights(weight_decay),
-    optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov),
-  )
+def _shape(hyper) -> Callable:
+  """The schedule at peak 1: t -> s(t) (1 for the constant schedule)."""
+  return optimizers.schedule(dataclasses.replace(hyper, learning_rate=1.0))
+
+
+def _factory(hyper) -> Callable:
+  """(eta, mu, lambda, b1, b2) -> the optimizer of one model: its values are arrays
+  held in its state, and its learning rate eta * s(t) when there is a schedule."""
+  shape = _shape(hyper)
+
+  def make(learning_rate, momentum, weight_decay, b1, b2):
+    rate = (lambda count: learning_rate * shape(count)) if callable(shape) else learning_rate
+    if hyper.optimizer == "adamw":
+      return optax.adamw(rate, b1=b1, b2=b2, eps=hyper.eps, weight_decay=weight_decay)
+    return optax.chain(
+      optax.add_decayed_weights(weight_decay),
+      optax.sgd(rate, momentum=momentum, nesterov=hyper.nesterov),
+    )
+
+  return make
 
 
 class Pipeline:
   """The pipeline's pure functions: init, a local step and the move, per device."""
 
-  def __init__(self, num_models: int, num_devices: int, stage_steps: int, nesterov: bool = False):
+  def __init__(
+    self, num_models: int, num_devices: int, stage_steps: int, hyper: Hyper | None = None
+  ):
+    """hyper: the optimizer's name, schedule and other static settings
+    (`Hyper.from_config`; None: sgd at a constant rate); each model's values
+    of HYPER_FIELDS come to `init`."""
+    hyper = hyper or Hyper(num_workers=1, learning_rate=1.0)
     self.num_models = num_models
     self.num_devices = num_devices
     self.stage_steps = stage_steps
-    self.nesterov = nesterov
+    self.shape = _shape(hyper)
     # Hyper-parameters as optimizer state: update() reads each model's own
     # values from its state, so the values given here are placeholders.
-    self.make_optimizer = optax.inject_hyperparams(_sgd, static_args=("nesterov",))
-    self.optimizer = self.make_optimizer(0.0, 0.0, 0.0, nesterov=nesterov)
+    self.make_optimizer = optax.inject_hyperparams(_factory(hyper))
+    self.optimizer = self.make_optimizer(0.0, 0.0, 0.0, 0.0, 0.0)
 
-  def init(self, init_params, seeds, learning_rate, momentum, weight_decay) -> PipelineState:
+  def init(self, init_params, seeds, *values) -> PipelineState:
     """The state at step 0.
 
     Args:
       init_params: key -> one model's parameters.
-      seeds, learning_rate, momentum, weight_decay: [M] arrays, model m's values.
+      seeds, *values: [M] arrays, model m's seed and its values of HYPER_FIELDS.
     """
     keys = jax.vmap(jax.random.PRNGKey)(seeds)
     init_keys, data_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
     models = jax.vmap(init_params)(init_keys)
 
-    def init_opt(params, eta, mu, wd):
-      optimizer = self.make_optimizer(eta, mu, wd, nesterov=self.nesterov)
-      return optimizer.init(model_state.trainable(params))
+    def init_opt(params, *model_values):
+      return self.make_optimizer(*model_values).init(model_state.trainable(params))
 
-    opt = jax.vmap(init_opt)(models, learning_rate, momentum, weight_decay)
+    opt = jax.vmap(init_opt)(models, *values)
     return PipelineState(
       step=jnp.zeros((), jnp.int32),
       models=models,
@@ -171,7 +192,10 @@ class Pipeline:
 
     models, opt, loss, accuracy = jax.vmap(one_model)(state.models, state.opt, state.data_key)
     new_state = state.replace(step=state.step + 1, models=models, opt=opt)
-    return new_state, {"loss": loss, "accuracy": accuracy}
+    # Each slot's learning rate in force at this step: eta_m * s(t).
+    peak = state.opt.hyperparams["learning_rate"]
+    learning_rate = peak * self.shape(state.step) if callable(self.shape) else peak
+    return new_state, {"loss": loss, "accuracy": accuracy, "learning_rate": learning_rate}
 
   def move(self, state: PipelineState) -> PipelineState:
     """Every device's models (with their optimizer state, ids and data keys) to the

@@ -1,7 +1,8 @@
 """The pipeline's part of the training loop: M models, one TensorBoard run each.
 
 Each model m writes to <workdir>/model_<m> the tags of the other rules
-(train/loss, train/accuracy, train/images_per_sec, eval/center_accuracy: the
+(train/loss, train/accuracy, train/learning_rate, train/images_per_sec,
+eval/center_accuracy: the
 model is its own center) and an HParams summary with its hyper-parameters,
 so TensorBoard's HParams dashboard lists the models side by side.
 """
@@ -19,10 +20,11 @@ from easgd.data import augment as augment_lib
 from easgd.infra import metrics, sharding
 from easgd.infra.compile import compile_program
 from easgd.pipeline import programs
+from easgd.rules import Hyper
 
 
 def per_model_values(config: ml_collections.ConfigDict) -> dict[str, list]:
-  """Each model's learning_rate, momentum, weight_decay and seed: M values each."""
+  """Each model's values of programs.PER_MODEL_FIELDS: M values each."""
   models = config.pipeline.models
   values = {}
   for field in programs.PER_MODEL_FIELDS:
@@ -83,7 +85,7 @@ class PipelineTrainee:
     self.move = compile_program(move, setup.platform)
     self.step_count = int(jax.device_get(state.step))
     self.slot_models = self._slot_models()  # which model is in each slot
-    self.sums, self.summed_steps = np.zeros((2, self.num_models)), 0
+    self.sums, self.summed_steps = np.zeros((3, self.num_models)), 0
 
   def _slot_models(self) -> np.ndarray:
     return np.asarray(sharding.fetch(self.state.model_id))
@@ -107,7 +109,9 @@ class PipelineTrainee:
 
   def add(self, values, slot_models) -> np.ndarray:
     loss = _by_model(values["loss"], slot_models)
-    self.sums += (loss, _by_model(values["accuracy"], slot_models))
+    self.sums += [
+      _by_model(values[tag], slot_models) for tag in ("loss", "accuracy", "learning_rate")
+    ]
     self.summed_steps += 1
     return loss
 
@@ -118,6 +122,7 @@ class PipelineTrainee:
       scalars = {
         "train/loss": self.sums[0, m] / self.summed_steps,
         "train/accuracy": self.sums[1, m] / self.summed_steps,
+        "train/learning_rate": self.sums[2, m] / self.summed_steps,
         "train/images_per_sec": images_per_sec,
       }
       writer.scalars(step, scalars)
@@ -159,10 +164,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> loop.
   setup.log_run(f"pipeline: {pipeline.models} models, {pipeline.stage_steps} steps a stage")
   values = per_model_values(config)
   runner = programs.Pipeline(
-    pipeline.models, setup.mesh.size, pipeline.stage_steps, config.optimizer.nesterov
+    pipeline.models, setup.mesh.size, pipeline.stage_steps, Hyper.from_config(config)
   )
   hypers = [np.asarray(values["seed"], np.int32)] + [
-    np.asarray(values[field], np.float32) for field in ("learning_rate", "momentum", "weight_decay")
+    np.asarray(values[field], np.float32) for field in programs.HYPER_FIELDS
   ]
   state = programs.init_state(runner, setup.init_params, hypers, setup.mesh)
   checkpointer = setup.checkpointer

@@ -1,7 +1,10 @@
 """Update rules: pure functions over one sharded training state.
 
 base:             the interface (`Rule`, `TrainState`, `Hyper`) and shared steps.
-sync:             Sync SGD, Sync EASGD, Sync MEASGD.
+optimizers:       the inner optimizer and its schedule, the outer optimizer (optax).
+exchange:         compressed exchange messages.
+sync:             Sync SGD.
+outer:            the center family: Sync EASGD, Sync MEASGD, DiLoCo, Local SGD, Lookahead.
 parameter_server: the master-and-workers family, driven by the simulator's ticks.
 model_state:      parameters and BatchNorm statistics in one tree.
 registry:         `config.algorithm` -> rule class.

@@ -40,10 +40,11 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import struct
 from jax import lax
 
-from easgd.rules import model_state
+from easgd.rules import model_state, optimizers
 from easgd.sim import clocks, ticks, timing
 
 AXIS = "workers"
@@ -99,19 +100,38 @@ class Hyper:
   """
 
   num_workers: int = _config("workers")
-  learning_rate: float = _config("optimizer.learning_rate")  # eta
-  momentum: float = _config("optimizer.momentum", default=0.0)  # mu, or delta with nesterov
+  learning_rate: float = _config("optimizer.learning_rate")  # eta (peak, under a schedule)
+  momentum: float = _config("optimizer.momentum", default=0.0)  # mu (sgd)
   nesterov: bool = _config("optimizer.nesterov", default=False)
   comm_period: int = _config("outer.comm_period", default=1)  # tau
   moving_rate: float = _config("outer.moving_rate", default=0.0)  # alpha
   n_sync: int = _config("downpour.n_sync", default=1)
   server_optimizer: str = _config("downpour.server_optimizer", default="sgd")
-  # lambda: g_i is the gradient of loss + (lambda/2)*|x|^2
+  # lambda: L2 (g + lambda*x) for sgd, decoupled for adamw
   weight_decay: float = _config("optimizer.weight_decay", default=0.0)
   # BatchNorm statistics: averaged into the center, or local to each worker.
   average_stats: bool = _config(
     "outer.batch_stats", lambda mode: mode == model_state.AVERAGED, default=True
   )
+  # The inner optimizer and its schedule (easgd.rules.optimizers).
+  optimizer: str = _config("optimizer.name", default="sgd")
+  schedule: str = _config("optimizer.schedule", default="constant")
+  warmup_steps: int = _config("optimizer.warmup_steps", default=0)
+  boundaries: tuple[float, ...] = _config("optimizer.boundaries", tuple, default=(0.5, 0.75))
+  decay_factor: float = _config("optimizer.decay_factor", default=0.1)
+  b1: float = _config("optimizer.b1", default=0.9)
+  b2: float = _config("optimizer.b2", default=0.999)
+  eps: float = _config("optimizer.eps", default=1e-8)
+  # The schedule's horizon T, in local steps.
+  total_steps: int = _config("run.total_steps", default=0)
+  # The center family's outer optimizer and pull (easgd.rules.outer).
+  outer_optimizer: str = _config("outer.optimizer", default="sgd")
+  outer_learning_rate: float = _config("outer.learning_rate", default=1.0)  # eta_o
+  outer_momentum: float = _config("outer.momentum", default=0.0)
+  outer_nesterov: bool = _config("outer.nesterov", default=False)
+  pull: str = _config("outer.pull", default="")  # "": the rule's own
+  # What a worker's exchange message is sent as (easgd.rules.exchange).
+  exchange_dtype: str = _config("outer.exchange_dtype", default="float32")
 
   @classmethod
   def from_config(cls, config) -> "Hyper":
@@ -147,16 +167,33 @@ def sum_over_workers(tree: Params) -> Params:
   return jax.tree.map(lambda leaf: lax.psum(leaf.sum(axis=0), AXIS), tree)
 
 
-def step_metrics(loss: jax.Array, aux: dict[str, jax.Array], num_workers: int) -> Metrics:
-  """Mean over all workers of each worker's loss and accuracy."""
+def local_workers(count: int) -> jax.Array:
+  """The global indices of this device's `count` workers."""
+  return lax.axis_index(AXIS) * count + jnp.arange(count)
+
+
+def exchange_key(state: "TrainState") -> jax.Array:
+  """The key of this step's compressed exchanges (easgd.rules.exchange)."""
+  return jax.random.fold_in(jax.random.fold_in(state.rng, EXCHANGE_STREAM), state.step)
+
+
+# Keys of the exchanges are drawn apart from the data's (which fold in epochs).
+EXCHANGE_STREAM = 2**31 - 1
+
+
+def step_metrics(
+  loss: jax.Array, aux: dict[str, jax.Array], num_workers: int, learning_rate: jax.Array
+) -> Metrics:
+  """Mean over all workers of each worker's loss, accuracy and learning rate in force."""
   return {
     "loss": lax.psum(loss.sum(), AXIS) / num_workers,
     "accuracy": lax.psum(aux["accuracy"].sum(), AXIS) / num_workers,
+    "learning_rate": lax.psum(learning_rate.sum(), AXIS) / num_workers,
   }
 
 
 def decayed(hyper: Hyper, grads: Params, at: Params) -> Params:
-  """g + lambda*x on the parameters (weight decay); BatchNorm statistics untouched."""
+  """g + lambda*x on the parameters (L2 weight decay); BatchNorm statistics untouched."""
   if not hyper.weight_decay:
     return grads
   params = jax.tree.map(
@@ -165,31 +202,28 @@ def decayed(hyper: Hyper, grads: Params, at: Params) -> Params:
   return model_state.with_trainable(grads, params)
 
 
-def sgd_update(hyper: Hyper, workers: Params, batch: Batch, loss_fn: LossFn):
-  """Local SGD step of the local workers: returns (u_i = -eta*g_i(x_i), g_i, loss_i, aux_i);
-  u_i moves BatchNorm statistics to s'_i."""
-  (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(workers, batch)
-  grads = decayed(hyper, grads, workers)
-  updates = jax.tree.map(lambda g: -hyper.learning_rate * g, grads)
-  return model_state.stats_step(updates, workers, aux), grads, loss, aux
+def local_update(
+  inner: optax.GradientTransformation, workers: Params, inner_state, batch: Batch, loss_fn: LossFn
+):
+  """The local step of the local workers with the inner optimizer.
 
-
-def momentum_update(hyper: Hyper, workers: Params, velocity: Params, batch: Batch, loss_fn):
-  """Local momentum step: returns (new v_i, u_i, loss_i, aux_i), where
-  classic (mu):             v_i <- mu*v_i - eta*g_i(x_i)
-  Nesterov, EAMSGD (delta): v_i <- delta*v_i - eta*g_i(x_i + delta*v_i)
-  and the step u_i = v_i, with BatchNorm statistics moved to s'_i (their
-  velocity stays zero: their gradient is).
+  Returns (u_i, new inner state, g_i, loss_i, aux_i): u_i is the optimizer's
+  update of the parameters, with the BatchNorm statistics' part set to
+  s'_i - s_i; g_i the raw gradient.
   """
-  mu, eta = hyper.momentum, hyper.learning_rate
-  if hyper.nesterov:
-    at = jax.tree.map(lambda x, v: x + mu * v, workers, velocity)
-  else:
-    at = workers
-  (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(at, batch)
-  grads = decayed(hyper, grads, at)
-  velocity = jax.tree.map(lambda v, g: mu * v - eta * g, velocity, grads)
-  return velocity, model_state.stats_step(velocity, workers, aux), loss, aux
+  (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(workers, batch)
+  updates, inner_state = jax.vmap(inner.update)(
+    model_state.trainable(grads), inner_state, model_state.trainable(workers)
+  )
+  updates = model_state.stats_step(model_state.with_trainable(grads, updates), workers, aux)
+  return updates, inner_state, grads, loss, aux
+
+
+class Pull(enum.StrEnum):
+  """How an exchange brings the workers back to the center (easgd.rules.outer)."""
+
+  ELASTIC = "elastic"  # x_i <- x_i - alpha*(x_i - x~)
+  RESET = "reset"  # x_i <- x~
 
 
 class Momentum(enum.StrEnum):
@@ -200,8 +234,9 @@ class Momentum(enum.StrEnum):
   REQUIRED = "required"  # in (0, 1)
 
 
-# Config fields every rule reads: the local step's learning rate and weight decay.
-BASE_READS = ("optimizer.learning_rate", "optimizer.weight_decay")
+# Config fields every rule reads: its inner optimizer and schedule (with the
+# schedule's horizon), and what its exchange messages are sent as.
+BASE_READS = ("optimizer", "outer.exchange_dtype")
 # And those of an elastic exchange.
 ELASTIC_READS = ("outer.comm_period", "outer.moving_rate", "outer.batch_stats")
 
@@ -222,6 +257,8 @@ class Rule(abc.ABC):
                  downpour) that its trajectory depends on; the others may
                  differ when a checkpoint is resumed and are left out of
                  its HParams.
+    pulls:       the pulls it may take (`Pull`, `outer.pull`), its own first;
+                 () for a rule without a center to pull to (the SGD rules).
   """
 
   name: ClassVar[str]
@@ -231,6 +268,7 @@ class Rule(abc.ABC):
   policy: ClassVar[clocks.Policy | None] = None
   batch_stats: ClassVar[tuple[str, ...]] = model_state.BATCH_STATS_CHOICES
   reads: ClassVar[tuple[str, ...]] = BASE_READS
+  pulls: ClassVar[tuple[str, ...]] = ()
 
   @classmethod
   def parameter_server(cls) -> bool:
@@ -239,6 +277,12 @@ class Rule(abc.ABC):
 
   def __init__(self, hyper: Hyper):
     self.hyper = hyper
+    # The workers' local optimizer (for sync_sgd, the shared model's).
+    self.inner = optimizers.inner(hyper)
+
+  def learning_rate(self, worker_steps: jax.Array) -> jax.Array:
+    """The inner learning rate in force for workers with these local step counts."""
+    return optimizers.learning_rate_at(self.hyper, worker_steps)
 
   @abc.abstractmethod
   def init(self, params: Params, rng: jax.Array) -> TrainState:

@@ -37,6 +37,7 @@ the increment to x~ one service time later. Requests whose READ and WRITE
 interleave read the same snapshot and all their increments are added.
 """
 
+import dataclasses
 from typing import ClassVar
 
 import jax
@@ -44,17 +45,19 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from easgd.rules import model_state
+from easgd.rules import exchange, model_state, optimizers
 from easgd.rules.base import (
   AXIS,
   BASE_READS,
   ELASTIC_READS,
   Momentum,
+  Pull,
   Rule,
   TrainState,
+  decayed,
+  exchange_key,
   initial_state,
-  momentum_update,
-  sgd_update,
+  local_update,
   stack_workers,
 )
 from easgd.sim import clocks, ticks
@@ -73,14 +76,15 @@ class ParameterServerRule(Rule):
 
   policy: ClassVar[clocks.Policy]
   # elastic: EASGD exchange (True) or push/pull of gradients (False)
-  local_momentum: ClassVar[bool] = False  # the workers' local step keeps a velocity
 
   @property
   def period(self):
     return self.hyper.comm_period if self.elastic else 1
 
   def server_optimizer(self) -> optax.GradientTransformation:
-    return optax.sgd(self.hyper.learning_rate)
+    """The master's optimizer at learning rate 1: `_read` scales its update by
+    eta_t of the pushing worker's schedule."""
+    return optax.sgd(1.0)
 
   def make_clock(self, cluster, model_bytes, seed):
     return clocks.AsyncClock(
@@ -104,8 +108,8 @@ class ParameterServerRule(Rule):
   def init(self, params, rng):
     num_workers = self.hyper.num_workers
     workers = stack_workers(params, num_workers)
-    fields = self._request_fields() + (("velocity",) if self.local_momentum else ())
-    worker_opt = {field: jax.tree.map(jnp.zeros_like, workers) for field in fields}
+    worker_opt = {field: jax.tree.map(jnp.zeros_like, workers) for field in self._request_fields()}
+    worker_opt["inner"] = optimizers.init_workers(self.inner, workers)
     center_opt = () if self.elastic else self.server_optimizer().init(model_state.trainable(params))
     return initial_state(rng, params, center_opt, workers, worker_opt, num_workers)
 
@@ -130,27 +134,26 @@ class ParameterServerRule(Rule):
     # Every worker computes; the mask keeps the result of those in the tick.
     # (Skipping idle workers with lax.cond made the step about 3x slower on CPU.)
     worker_opt = dict(state.worker_opt)
-    if self.local_momentum:
-      velocity, updates, loss, aux = momentum_update(
-        hyper, state.workers, worker_opt["velocity"], batch, loss_fn
-      )
-      worker_opt["velocity"] = where(velocity, worker_opt["velocity"])
-    else:
-      updates, grads, loss, aux = sgd_update(hyper, state.workers, batch, loss_fn)
+    updates, inner_state, grads, loss, aux = local_update(
+      self.inner, state.workers, worker_opt["inner"], batch, loss_fn
+    )
+    worker_opt["inner"] = where(inner_state, worker_opt["inner"])
     if self.elastic:
       # Applied after the master's operations, which read x_i from before the step.
       zeros = jax.tree.map(jnp.zeros_like, updates)
       return state.workers, worker_opt, where(updates, zeros), loss, aux["accuracy"]
     workers = where(jax.tree.map(jnp.add, state.workers, updates), state.workers)
     accum = worker_opt["accum"]
-    # G_j gathers the statistics' local changes beside the gradients.
-    pushed = model_state.stats_step(grads, state.workers, aux)
+    # G_j gathers the (L2-decayed) gradients, and the statistics' local changes.
+    pushed = model_state.stats_step(decayed(hyper, grads, state.workers), state.workers, aux)
     worker_opt["accum"] = where(jax.tree.map(jnp.add, accum, pushed), accum)
     return workers, worker_opt, None, loss, aux["accuracy"]
 
-  def _read(self, carry, j, locked: bool):
-    """Request of worker j; locked: READ and WRITE at once."""
+  def _read(self, carry, j, key, locked: bool):
+    """Request of worker j; locked: READ and WRITE at once. `key` draws the
+    compression of what the request sends (easgd.rules.exchange)."""
     center, center_opt, shared = carry
+    dtype = self.hyper.exchange_dtype
     if self.elastic:
       x = _index(shared["workers"], j)
       increment = model_state.exchanged(
@@ -160,11 +163,16 @@ class ParameterServerRule(Rule):
       shared = dict(
         shared, workers=_set(shared["workers"], j, jax.tree.map(jnp.subtract, x, increment))
       )
+      # The worker moves by its exact e; the master receives Q(e).
+      increment = exchange.compress(increment, dtype, key)
     else:
-      accum = _index(shared["accum"], j)
+      accum = exchange.compress(_index(shared["accum"], j), dtype, key)
       params, center_opt = self.server_optimizer().update(
         model_state.trainable(accum), center_opt, model_state.trainable(center)
       )
+      # eta_t of the pusher's schedule, at its last local step.
+      rate = self.learning_rate(jnp.maximum(shared["worker_steps"][j] - 1, 0))
+      params = jax.tree.map(lambda u: rate * u, params)
       increment = model_state.exchanged(
         model_state.with_trainable(accum, params), self.hyper.average_stats
       )
@@ -188,18 +196,20 @@ class ParameterServerRule(Rule):
     center, center_opt, shared = carry
     return optax.apply_updates(center, _index(shared["pending"], j)), center_opt, shared
 
-  def _master(self, tick, first, count, center, center_opt, workers, worker_opt):
+  def _master(self, tick, key, first, count, steps_done, center, center_opt, workers, worker_opt):
     shared = {"workers": workers, **{f: worker_opt[f] for f in self._request_fields()}}
+    shared["worker_steps"] = steps_done
     # Every device gets all rows, as values equal on every device.
     shared = lax.all_gather(shared, AXIS, tiled=True, to="invarying")
 
     def operation(n, carry):
       j = tick["op_worker"][n]
+      op_key = jax.random.fold_in(key, n)
       if self.policy != clocks.Policy.HOGWILD:
-        return self._read(carry, j, locked=True)
+        return self._read(carry, j, op_key, locked=True)
       return lax.cond(
         tick["op_kind"][n] == ticks.OpKind.READ,
-        lambda: self._read(carry, j, locked=False),
+        lambda: self._read(carry, j, op_key, locked=False),
         lambda: self._write(carry, j),
       )
 
@@ -215,9 +225,11 @@ class ParameterServerRule(Rule):
     first = lax.axis_index(AXIS) * count
     stepping = lax.dynamic_slice_in_dim(tick["local"], first, count)
     workers, worker_opt, updates, loss, accuracy = self._local(state, batch, loss_fn, stepping)
+    steps_done = state.worker_steps + stepping.astype(jnp.int32)
+    key = exchange_key(state)
     center, center_opt, workers, worker_opt = lax.cond(
       tick["num_ops"] > 0,
-      lambda *args: self._master(tick, first, count, *args),
+      lambda *args: self._master(tick, key, first, count, steps_done, *args),
       lambda *args: args,
       state.center,
       state.center_opt,
@@ -231,6 +243,9 @@ class ParameterServerRule(Rule):
     metrics = {
       "loss": lax.psum((loss * weight).sum(), AXIS) / steps_taken,
       "accuracy": lax.psum((accuracy * weight).sum(), AXIS) / steps_taken,
+      # Every worker's, stepping or not: the mean over workers of where each is.
+      "learning_rate": lax.psum(self.learning_rate(state.worker_steps).sum(), AXIS)
+      / self.hyper.num_workers,
     }
     new_state = state.replace(
       step=state.step + 1,
@@ -238,7 +253,7 @@ class ParameterServerRule(Rule):
       center_opt=center_opt,
       workers=workers,
       worker_opt=worker_opt,
-      worker_steps=state.worker_steps + stepping.astype(jnp.int32),
+      worker_steps=steps_done,
     )
     return new_state, metrics
 
@@ -250,6 +265,9 @@ class OriginalEASGD(ParameterServerRule):
   name = "original_easgd"
   policy = clocks.Policy.ROUND_ROBIN
   elastic = True
+  pulls = (Pull.ELASTIC,)
+  momentum = Momentum.OPTIONAL
+  nesterov = True
   reads = (*BASE_READS, *ELASTIC_READS)
 
 
@@ -259,20 +277,23 @@ class AsyncEASGD(ParameterServerRule):
   name = "async_easgd"
   policy = clocks.Policy.FCFS
   elastic = True
+  pulls = (Pull.ELASTIC,)
+  momentum = Momentum.OPTIONAL
+  nesterov = True
   reads = (*BASE_READS, *ELASTIC_READS)
 
 
 class AsyncMEASGD(ParameterServerRule):
-  """Async EASGD with the momentum local step of sync_measgd:
-  v_i <- mu*v_i - eta*g_i;  x_i <- x_i + v_i [- alpha*(x_i - x~) on exchange steps]."""
+  """Async EASGD whose inner SGD must have momentum, as sync_measgd's:
+  m_i <- mu*m_i + g_i;  x_i <- x_i - eta_t*m_i [- alpha*(x_i - x~) on exchange steps]."""
 
   name = "async_measgd"
   policy = clocks.Policy.FCFS
   elastic = True
-  local_momentum = True
+  pulls = (Pull.ELASTIC,)
   momentum = Momentum.REQUIRED
   nesterov = True
-  reads = (*BASE_READS, *ELASTIC_READS, "optimizer.momentum", "optimizer.nesterov")
+  reads = (*BASE_READS, *ELASTIC_READS)
 
 
 class HogwildEASGD(ParameterServerRule):
@@ -281,6 +302,9 @@ class HogwildEASGD(ParameterServerRule):
   name = "hogwild_easgd"
   policy = clocks.Policy.HOGWILD
   elastic = True
+  pulls = (Pull.ELASTIC,)
+  momentum = Momentum.OPTIONAL
+  nesterov = True
   reads = (*BASE_READS, *ELASTIC_READS)
 
 
@@ -300,10 +324,14 @@ class AsyncMSGD(AsyncSGD):
 
   name = "async_msgd"
   momentum = Momentum.REQUIRED  # at the master
-  reads = (*AsyncSGD.reads, "optimizer.momentum")
+
+  def __init__(self, hyper):
+    super().__init__(hyper)
+    # optimizer.momentum is the master's: the workers' own steps take none.
+    self.inner = optimizers.inner(dataclasses.replace(hyper, momentum=0.0, nesterov=False))
 
   def server_optimizer(self):
-    return optax.sgd(self.hyper.learning_rate, momentum=self.hyper.momentum)
+    return optax.sgd(1.0, momentum=self.hyper.momentum)
 
 
 class HogwildSGD(AsyncSGD):
@@ -328,5 +356,5 @@ class Downpour(AsyncSGD):
 
   def server_optimizer(self):
     if self.hyper.server_optimizer == "adagrad":
-      return optax.adagrad(self.hyper.learning_rate)
-    return optax.sgd(self.hyper.learning_rate)
+      return optax.adagrad(1.0)
+    return optax.sgd(1.0)

@@ -4,7 +4,7 @@ A new rule is one class (declaring what it accepts, see `easgd.rules.base.Rule`)
 and one line here.
 """
 
-from easgd.rules import parameter_server, sync
+from easgd.rules import outer, parameter_server, sync
 from easgd.rules.base import Hyper, Momentum, Rule
 from easgd.sim.clocks import Policy
 
@@ -12,8 +12,8 @@ RULES: dict[str, type[Rule]] = {
   rule.name: rule
   for rule in (
     sync.SyncSGD,
-    sync.SyncEASGD,
-    sync.SyncMEASGD,
+    outer.SyncEASGD,
+    outer.SyncMEASGD,
     parameter_server.OriginalEASGD,
     parameter_server.AsyncEASGD,
     parameter_server.AsyncMEASGD,
@@ -22,6 +22,9 @@ RULES: dict[str, type[Rule]] = {
     parameter_server.AsyncMSGD,
     parameter_server.HogwildSGD,
     parameter_server.Downpour,
+    outer.DiLoCo,
+    outer.LocalSGD,
+    outer.Lookahead,
   )
 }
 

@@ -1,0 +1,66 @@
+"""Compressed exchanges (`config.outer.exchange_dtype`): what a worker sends, and its size.
+
+At an exchange a worker sends a model-sized difference: the elastic
+difference d_i = x_i - x~ (or the master's e), the pseudo-gradient x~ - x_i,
+or the accumulated gradient G_i of the parameter-server SGD rules. With a
+compressed dtype the receiver gets Q(v) in place of v, for each tensor v:
+
+  float32   Q(v) = v                                       4 bytes an entry
+  bfloat16  Q(v) = v rounded to bfloat16, to nearest even   2 bytes an entry
+  int8      s = max|v| / 127 (one float32 scale per tensor) 1 byte an entry + 4
+            Q(v) = s * q,  q = floor(v/s + U),  U ~ Uniform[0, 1) per entry
+
+int8 rounds stochastically: E[Q(v)] = v, so the errors of the P workers and
+of successive exchanges average out instead of adding up in one direction.
+Its random numbers come from (run key, step, worker, tensor), so a run's
+bits are still a function of its seed. Everything else (the center, the
+all-reduce's sum, the replies) stays float32.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DTYPES = ("float32", "bfloat16", "int8")
+ENTRY_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}
+SCALE_BYTES = {"float32": 0, "bfloat16": 0, "int8": 4}
+
+
+def message_bytes(tree, dtype: str) -> int:
+  """Bytes of one exchange message of `tree` (a model, or its shapes) sent as `dtype`."""
+  return sum(
+    int(np.prod(leaf.shape)) * ENTRY_BYTES[dtype] + SCALE_BYTES[dtype]
+    for leaf in jax.tree.leaves(tree)
+  )
+
+
+def _int8(leaf: jax.Array, key: jax.Array) -> jax.Array:
+  scale = jnp.max(jnp.abs(leaf)) / 127.0
+  safe = jnp.where(scale > 0, scale, 1.0)
+  noise = jax.random.uniform(key, leaf.shape, leaf.dtype)
+  quantized = jnp.clip(jnp.floor(leaf / safe + noise), -127.0, 127.0)
+  return quantized * safe
+
+
+def compress(tree, dtype: str, key: jax.Array | None):
+  """Q(tree): what the receiver gets of one worker's message (float32 again)."""
+  if dtype == "float32":
+    return tree
+  if dtype == "bfloat16":
+    return jax.tree.map(lambda leaf: leaf.astype(jnp.bfloat16).astype(leaf.dtype), tree)
+  if dtype != "int8":
+    raise ValueError(f"unknown exchange dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(key, len(leaves))
+  return jax.tree.unflatten(treedef, [_int8(leaf, k) for leaf, k in zip(leaves, keys, strict=True)])
+
+
+def compress_workers(tree, dtype: str, key: jax.Array, workers: jax.Array):
+  """Q of each worker's message in a stacked tree; `workers` are their global indices."""
+  if dtype == "float32":
+    return tree
+
+  def one(message, worker):
+    return compress(message, dtype, jax.random.fold_in(key, worker))
+
+  return jax.vmap(one)(tree, workers)

@@ -1,0 +1,104 @@
+"""The optimizers of a rule: the workers' inner optimizer with its learning-rate
+schedule, and the outer optimizer that moves the center (optax, both).
+
+Inner (`config.optimizer.*`), the workers' local step:
+  sgd:    u = -eta_t * g'           g' = g + lambda*x (L2, coupled: optax's SGD convention)
+          with momentum mu (optax's trace m <- mu*m + g'):
+            classic   u = -eta_t * m
+            Nesterov  u = -eta_t * (g' + mu*m)
+  adamw:  optax.adamw: Adam's moments of g (b1, b2, eps), plus the decoupled
+          decay lambda*x, both scaled by -eta_t (Loshchilov & Hutter 2019).
+
+eta_t follows the schedule (`config.optimizer.schedule`) over T = run.total_steps:
+  constant:       eta_t = eta
+  warmup_cosine:  eta_t rises linearly from 0 over the first warmup_steps, then
+                  follows a half cosine from eta down to 0 at step T
+  warmup_step:    the same warm-up, then eta, multiplied by decay_factor at each
+                  boundary b*T (boundaries are fractions of the run)
+t is the worker's own count of local steps (optax's count in its state), not
+the tick: a worker's schedule is where that worker's training is. Under the
+synchronous rules every worker steps every tick, so t is the step; under the
+parameter-server rules a slow worker takes fewer local steps and its
+learning rate lags the fast ones' (it is still warming up, or decaying
+later), exactly as if each worker ran its own optimizer, as they do.
+
+Outer (`config.outer.*`), at an exchange of the center family
+(easgd.rules.outer): optax SGD with learning rate eta_o and optional
+(Nesterov) momentum, or Adam, applied to the pseudo-gradient
+Delta = mean_i (x~ - x_i) as if it were a gradient.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from easgd.rules import model_state
+
+INNER = ("sgd", "adamw")
+OUTER = ("sgd", "adam")
+SCHEDULES = ("constant", "warmup_cosine", "warmup_step")
+
+
+def schedule(hyper) -> optax.Schedule | float:
+  """The learning rate of the inner optimizer: a float for `constant` (optax then keeps
+  no count), else an optax schedule of the local step count."""
+  eta, warmup, total = hyper.learning_rate, hyper.warmup_steps, hyper.total_steps
+  if hyper.schedule == "constant":
+    return eta
+  if hyper.schedule == "warmup_cosine":
+    return optax.warmup_cosine_decay_schedule(0.0, eta, warmup, max(total, warmup + 1), 0.0)
+  if hyper.schedule == "warmup_step":
+    decays = {}
+    for boundary in hyper.boundaries:
+      # Counted from the end of the warm-up (validation keeps them after it);
+      # two fractions on one step multiply their factors.
+      step = math.floor(boundary * total) - warmup
+      decays[step] = decays.get(step, 1.0) * hyper.decay_factor
+    stepped = optax.piecewise_constant_schedule(eta, decays)
+    if not warmup:
+      return stepped
+    return optax.join_schedules([optax.linear_schedule(0.0, eta, warmup), stepped], [warmup])
+  raise ValueError(f"unknown schedule {hyper.schedule!r}; valid: {', '.join(SCHEDULES)}")
+
+
+def learning_rate_at(hyper, count):
+  """eta_t at local step count `count` (an array of counts gives an array)."""
+  rate = schedule(hyper)
+  if callable(rate):
+    return rate(count)
+  return jnp.full(jnp.shape(count), rate, jnp.float32)
+
+
+def inner(hyper) -> optax.GradientTransformation:
+  """The workers' local optimizer, on the trainable parameters of one worker."""
+  rate = schedule(hyper)
+  if hyper.optimizer == "adamw":
+    return optax.adamw(
+      rate, b1=hyper.b1, b2=hyper.b2, eps=hyper.eps, weight_decay=hyper.weight_decay
+    )
+  if hyper.optimizer != "sgd":
+    raise ValueError(f"unknown optimizer {hyper.optimizer!r}; valid: {', '.join(INNER)}")
+  sgd = optax.sgd(rate, momentum=hyper.momentum or None, nesterov=hyper.nesterov)
+  if not hyper.weight_decay:
+    # Left out rather than added as 0*x: the bits of plain SGD are those of -eta*g.
+    return sgd
+  return optax.chain(optax.add_decayed_weights(hyper.weight_decay), sgd)
+
+
+def init_workers(optimizer: optax.GradientTransformation, workers):
+  """The inner optimizer's state for each worker of a stacked tree."""
+  return jax.vmap(optimizer.init)(model_state.trainable(workers))
+
+
+def outer(
+  name: str, learning_rate: float, momentum: float, nesterov: bool
+) -> optax.GradientTransformation:
+  """The center's optimizer on the pseudo-gradient: SGD with (Nesterov) momentum if
+  mu_o > 0, or Adam (optax's defaults) at eta_o."""
+  if name == "adam":
+    return optax.adam(learning_rate)
+  if name != "sgd":
+    raise ValueError(f"unknown outer optimizer {name!r}; valid: {', '.join(OUTER)}")
+  return optax.sgd(learning_rate, momentum=momentum or None, nesterov=nesterov)

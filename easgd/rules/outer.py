@@ -1,0 +1,255 @@
+"""The center family: local steps, a pseudo-gradient, an outer optimizer, a pull.
+
+Every member keeps a center x~ and P workers x_i. Every step each worker takes
+a local step u_i of its inner optimizer (easgd.rules.optimizers). On every
+tau-th step ((t+1) mod tau == 0) there is also an exchange:
+
+  1. each worker sends its difference from the center, Q(x_i - x~)
+     (Q: the exchange dtype's compression, easgd.rules.exchange);
+  2. one all-reduce forms the pseudo-gradient Delta = -mean_i Q(x_i - x~);
+  3. the outer optimizer moves the center: x~ <- x~ + outer.update(Delta);
+  4. the workers are pulled, one of two ways (`Rule.pulls`, `outer.pull`):
+       elastic  x_i <- x_i + u_i - alpha*(x_i - x~)    with x_i, x~ from before
+                the step: the local gradient and the elastic force act at the
+                same point, as in EASGD's equations (Zhang et al. 2015);
+       reset    x_i <- x~ (the new center), after the step's local update:
+                tau inner steps, then the outer step (DiLoCo, Local SGD).
+     Between exchanges x_i <- x_i + u_i.
+
+Members (a class each; the family's general member is `diloco`, whose outer
+optimizer and pull are the config's):
+  sync_easgd   elastic; outer SGD at eta_o = P*alpha, without momentum, so
+               x~ <- x~ + alpha * sum_i (x_i - x~)   (written so, as EASGD is)
+  sync_measgd  sync_easgd whose inner optimizer must have momentum
+  diloco       reset (or elastic); outer SGD with Nesterov momentum (eta_o,
+               mu_o from outer.*; DiLoCo's 0.7 and 0.9 by default); AdamW inside
+               in the paper (Douillard et al. 2023)
+  local_sgd    reset; outer SGD at eta_o = 1: x~ <- mean_i x_i (periodic
+               model averaging; Stich 2019, Lin et al. 2020)
+  lookahead    reset; outer SGD at eta_o = alpha_LA (outer.learning_rate), no
+               momentum: slow weights x~ <- x~ + alpha_LA*(mean_i x_i - x~),
+               fast weights reset to them every k = tau steps; any P, and
+               P = 1 is the paper's optimizer (Zhang et al. 2019)
+
+BatchNorm statistics (easgd.rules.model_state) follow the parameters with
+`outer.batch_stats` averaged, through plain outer SGD (eta_o, no momentum:
+momentum on running statistics has no meaning), and a reset sets them to the
+center's; with `local` they are in no exchange and no reset.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from easgd.rules import exchange, model_state, optimizers
+from easgd.rules.base import (
+  AXIS,
+  BASE_READS,
+  ELASTIC_READS,
+  Momentum,
+  Pull,
+  Rule,
+  exchange_key,
+  initial_state,
+  local_update,
+  local_workers,
+  stack_workers,
+  step_metrics,
+  sum_over_workers,
+)
+
+OUTER_READS = ("outer.optimizer", "outer.learning_rate", "outer.momentum", "outer.nesterov")
+
+
+class CenterRule(Rule):
+  """The family: see the module docstring. Subclasses set `pulls` and the outer optimizer."""
+
+  momentum = Momentum.OPTIONAL
+  nesterov = True
+
+  @property
+  def pull(self) -> Pull:
+    # Only a rule that takes several pulls reads outer.pull (validation refuses
+    # another value for the others).
+    if len(self.pulls) == 1:
+      return self.pulls[0]
+    return Pull(self.hyper.pull or self.pulls[0])
+
+  @property
+  def period(self):
+    return self.hyper.comm_period
+
+  def outer_settings(self) -> tuple[str, float, float, bool] | None:
+    """(optimizer, eta_o, mu_o, Nesterov) of the center; None for EASGD's own form of
+    outer SGD at P*alpha."""
+    hyper = self.hyper
+    return (
+      hyper.outer_optimizer,
+      hyper.outer_learning_rate,
+      hyper.outer_momentum,
+      hyper.outer_nesterov,
+    )
+
+  def outer(self) -> optax.GradientTransformation | None:
+    settings = self.outer_settings()
+    return None if settings is None else optimizers.outer(*settings)
+
+  def init(self, params, rng):
+    workers = stack_workers(params, self.hyper.num_workers)
+    outer = self.outer()
+    center_opt = () if outer is None else outer.init(model_state.trainable(params))
+    worker_opt = {"inner": optimizers.init_workers(self.inner, workers)}
+    return initial_state(rng, params, center_opt, workers, worker_opt, self.hyper.num_workers)
+
+  def _move_center(self, center, center_opt, sent):
+    """x~ and its optimizer state after an exchange whose messages are `sent` (x_i - x~)."""
+    outer, count = self.outer(), self.hyper.num_workers
+    if outer is None:
+      alpha = self.hyper.moving_rate
+      return jax.tree.map(lambda c, s: c + alpha * s, center, sum_over_workers(sent)), center_opt
+    mean = jax.tree.map(lambda s: s / count, sum_over_workers(sent))
+    delta = jax.tree.map(jnp.negative, model_state.trainable(mean))
+    params = model_state.trainable(center)
+    updates, center_opt = outer.update(delta, center_opt, params)
+    moved = model_state.with_trainable(center, optax.apply_updates(params, updates))
+    if model_state.has_stats(center):
+      rate = self.outer_settings()[1]
+      stats = jax.tree.map(
+        lambda c, s: c + rate * s, center[model_state.STATS], mean[model_state.STATS]
+      )
+      moved = dict(moved, **{model_state.STATS: stats})
+    return moved, center_opt
+
+  def _reset(self, center, workers):
+    """Every worker set to the center; BatchNorm statistics too unless they are local."""
+    # The center is the same on every device; each device's rows of it are its own.
+    reset = lax.pcast(stack_workers(center, workers_count(workers)), AXIS, to="varying")
+    if model_state.has_stats(center) and not self.hyper.average_stats:
+      reset = dict(reset, **{model_state.STATS: workers[model_state.STATS]})
+    return reset
+
+  def step(self, state, batch, loss_fn, tick):
+    del tick
+    updates, inner_state, _, loss, aux = local_update(
+      self.inner, state.workers, state.worker_opt["inner"], batch, loss_fn
+    )
+    count = state.worker_steps.shape[0]
+
+    # x_i + u_i is formed inside each branch, not once before the cond: XLA
+    # then compiles the step as it always has, and plain EASGD keeps its bits.
+    def local_only():
+      return jax.tree.map(jnp.add, state.workers, updates), state.center, state.center_opt
+
+    def with_exchange():
+      stepped = jax.tree.map(jnp.add, state.workers, updates)
+      read = state.workers if self.pull == Pull.ELASTIC else stepped
+      distance = model_state.exchanged(
+        jax.tree.map(lambda x, c: x - c, read, state.center), self.hyper.average_stats
+      )
+      sent = exchange.compress_workers(
+        distance, self.hyper.exchange_dtype, exchange_key(state), local_workers(count)
+      )
+      center, center_opt = self._move_center(state.center, state.center_opt, sent)
+      if self.pull == Pull.RESET:
+        return self._reset(center, stepped), center, center_opt
+      # The worker pulls itself with its own exact difference; only what it
+      # sends is compressed.
+      alpha = self.hyper.moving_rate
+      workers = jax.tree.map(lambda x, u, d: x + u - alpha * d, state.workers, updates, distance)
+      return workers, center, center_opt
+
+    is_exchange = (state.step + 1) % self.hyper.comm_period == 0
+    workers, center, center_opt = lax.cond(is_exchange, with_exchange, local_only)
+    new_state = state.replace(
+      step=state.step + 1,
+      workers=workers,
+      center=center,
+      center_opt=center_opt,
+      worker_opt={"inner": inner_state},
+      worker_steps=state.worker_steps + 1,
+    )
+    learning_rate = self.learning_rate(state.worker_steps)
+    return new_state, step_metrics(loss, aux, self.hyper.num_workers, learning_rate)
+
+  def worker_params(self, state):
+    return state.workers
+
+
+def workers_count(workers) -> int:
+  """The leading (workers) axis of a stacked tree."""
+  return jax.tree.leaves(workers)[0].shape[0]
+
+
+class SyncEASGD(CenterRule):
+  """Synchronous elastic averaging SGD (Zhang, Choromanska, LeCun, NIPS 2015;
+  You, Buluc, Demmel, SC17): the family with the elastic pull and outer SGD at
+  eta_o = P*alpha. With d_i = x_i - x~ at step t, on every tau-th step
+      x_i <- x_i + u_i - alpha*d_i
+      x~  <- x~ + alpha * sum_i Q(d_i)      (= (1-beta)*x~ + beta*mean_i x_i, float32)
+  and otherwise x_i <- x_i + u_i. With tau = 1 and inner SGD this is the
+  paper's synchronous EASGD (its equations 5-6). The sum is one all-reduce.
+  """
+
+  name = "sync_easgd"
+  elastic = True
+  pulls = (Pull.ELASTIC,)
+  reads = (*BASE_READS, *ELASTIC_READS)
+
+  def outer_settings(self):
+    return None
+
+
+class SyncMEASGD(SyncEASGD):
+  """Synchronous momentum EASGD: Sync EASGD whose inner SGD has momentum mu. Its
+  velocity is optax's trace m_i of the inner optimizer:
+      m_i <- mu*m_i + g_i;  u_i = -eta_t*m_i  (Nesterov: u_i = -eta_t*(g_i + mu*m_i))
+  and x_i <- x_i + u_i [- alpha*(x_i - x~)]. EAMSGD is from Zhang, Choromanska,
+  LeCun (NIPS 2015; their Nesterov step evaluates g_i at x_i + mu*v_i, which
+  optax's form is a change of variables of), MEASGD from You, Buluc, Demmel (SC17).
+  """
+
+  name = "sync_measgd"
+  momentum = Momentum.REQUIRED
+
+
+class DiLoCo(CenterRule):
+  """DiLoCo (Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training
+  of Language Models"): tau inner steps (AdamW in the paper), then outer SGD with
+  Nesterov momentum on the pseudo-gradient (eta_o = 0.7, mu_o = 0.9), and every
+  worker reset to the new center:
+      Delta = -mean_i Q(x_i - x~);  m <- mu_o*m + Delta;
+      x~ <- x~ - eta_o*(Delta + mu_o*m);  x_i <- x~
+  The family's general member: `outer.pull=elastic` pulls with alpha instead.
+  """
+
+  name = "diloco"
+  pulls = (Pull.RESET, Pull.ELASTIC)
+  reads = (*BASE_READS, *ELASTIC_READS, *OUTER_READS, "outer.pull")
+
+
+class LocalSGD(CenterRule):
+  """Local SGD, periodic model averaging (Stich 2019; Lin et al. 2020): tau local
+  steps, then x~ <- x~ + 1*mean_i Q(x_i - x~) = mean_i x_i (float32) and x_i <- x~."""
+
+  name = "local_sgd"
+  pulls = (Pull.RESET,)
+  reads = (*BASE_READS, "outer.comm_period", "outer.batch_stats")
+
+  def outer_settings(self):
+    return "sgd", 1.0, 0.0, False
+
+
+class Lookahead(CenterRule):
+  """Lookahead (Zhang, Lucas, Hinton, Ba 2019): fast weights take k = tau inner steps,
+  then the slow weights move x~ <- x~ + alpha_LA*(mean_i x_i - x~) (outer SGD at
+  eta_o = alpha_LA = outer.learning_rate, no momentum) and the fast weights are
+  reset to them. With P = 1 this is the paper's optimizer; with P > 1 the fast
+  weights are averaged first."""
+
+  name = "lookahead"
+  pulls = (Pull.RESET,)
+  reads = (*BASE_READS, "outer.comm_period", "outer.batch_stats", "outer.learning_rate")
+
+  def outer_settings(self):
+    return "sgd", self.hyper.outer_learning_rate, 0.0, False

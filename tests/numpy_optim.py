@@ -1,0 +1,131 @@
+"""The inner and outer optimizers, schedules and the center family in plain NumPy,
+written from docs/algorithms.md ("Optimizers" and "The center family"), not from easgd/.
+
+Models are parameter dicts of NumPy arrays, as in numpy_reference.
+"""
+
+import math
+
+import numpy as np
+
+# Learning-rate schedules: t -> eta_t, t the worker's count of local steps taken.
+
+
+def constant(eta):
+  return lambda t: eta
+
+
+def warmup_cosine(eta, warmup, total):
+  """Linear from 0 over `warmup` steps, then a half cosine from eta to 0 at `total`."""
+
+  def rate(t):
+    if t < warmup:
+      return eta * t / warmup
+    return eta * 0.5 * (1 + math.cos(math.pi * min(t - warmup, total - warmup) / (total - warmup)))
+
+  return rate
+
+
+def warmup_step(eta, warmup, total, boundaries, factor):
+  """Linear warm-up, then eta times `factor` for each boundary b with t >= floor(b*total)."""
+
+  def rate(t):
+    if t < warmup:
+      return eta * t / warmup
+    return eta * factor ** sum(t >= math.floor(b * total) for b in boundaries)
+
+  return rate
+
+
+class Optimizer:
+  """One model's optimizer: sgd (L2 weight decay, momentum mu, Nesterov) or
+  adamw (Adam's bias-corrected moments, decoupled weight decay); eta_t = rate(t)."""
+
+  def __init__(self, name, rate, mu=0.0, nesterov=False, wd=0.0, b1=0.9, b2=0.999, eps=1e-8):
+    self.name, self.rate, self.mu, self.nesterov, self.wd = name, rate, mu, nesterov, wd
+    self.b1, self.b2, self.eps = b1, b2, eps
+
+  def init(self, x):
+    zeros = {k: np.zeros_like(v, dtype=np.float64) for k, v in x.items()}
+    return {"t": 0, "m": dict(zeros), "v": dict(zeros)}
+
+  def update(self, g, state, x):
+    """Returns (u, new state): the step to add to x."""
+    t, eta = state["t"], self.rate(state["t"])
+    if self.name == "sgd":
+      g = {k: g[k] + self.wd * x[k] for k in g}
+      m = {k: self.mu * state["m"][k] + g[k] for k in g}
+      direction = {k: g[k] + self.mu * m[k] for k in g} if self.nesterov else m
+      if not self.mu:
+        direction = g
+      return {k: -eta * direction[k] for k in g}, {"t": t + 1, "m": m, "v": state["v"]}
+    b1, b2 = self.b1, self.b2
+    m = {k: b1 * state["m"][k] + (1 - b1) * g[k] for k in g}
+    v = {k: b2 * state["v"][k] + (1 - b2) * g[k] ** 2 for k in g}
+    u = {}
+    for k in g:
+      m_hat, v_hat = m[k] / (1 - b1 ** (t + 1)), v[k] / (1 - b2 ** (t + 1))
+      u[k] = -eta * (m_hat / (np.sqrt(v_hat) + self.eps) + self.wd * x[k])
+    return u, {"t": t + 1, "m": m, "v": v}
+
+
+def sgd(eta, mu=0.0, nesterov=False):
+  return Optimizer("sgd", constant(eta), mu=mu, nesterov=nesterov)
+
+
+def center_family(x0, batches, grad, inner, tau, pull, outer, alpha=0.0, sent=lambda d, t, i: d):
+  """The center family; returns [(workers, center)] after each step.
+
+  Step t: u_i = inner update at x_i. If (t+1) % tau == 0: with r_i = x_i (elastic)
+  or x_i + u_i (reset), each worker sends s_i = Q(r_i - center) (`sent`), Delta =
+  -mean_i s_i, center' = center + outer update of Delta; then x_i <- x_i + u_i -
+  alpha*(x_i - center) (elastic) or x_i <- center' (reset). Else x_i <- x_i + u_i.
+  """
+  num_workers = len(batches[0])
+  workers = [dict(x0) for _ in range(num_workers)]
+  states = [inner.init(x0) for _ in range(num_workers)]
+  center, outer_state = dict(x0), outer.init(x0)
+  history = []
+  for t, step_batches in enumerate(batches):
+    updates = []
+    for i in range(num_workers):
+      u, states[i] = inner.update(grad(workers[i], step_batches[i]), states[i], workers[i])
+      updates.append(u)
+    stepped = [{k: w[k] + u[k] for k in w} for w, u in zip(workers, updates, strict=True)]
+    if (t + 1) % tau == 0:
+      read = workers if pull == "elastic" else stepped
+      messages = [sent({k: r[k] - center[k] for k in r}, t, i) for i, r in enumerate(read)]
+      delta = {k: -np.mean([s[k] for s in messages], axis=0) for k in center}
+      step, outer_state = outer.update(delta, outer_state, center)
+      new_center = {k: center[k] + step[k] for k in center}
+      if pull == "elastic":
+        workers = [
+          {k: s[k] - alpha * (w[k] - center[k]) for k in w}
+          for w, s in zip(workers, stepped, strict=True)
+        ]
+      else:
+        workers = [dict(new_center) for _ in range(num_workers)]
+      center = new_center
+    else:
+      workers = stepped
+    history.append(([dict(w) for w in workers], dict(center)))
+  return history
+
+
+def pipeline(models, partitions, grad, batch_indices, optimizers, *, num_stages, stage_steps):
+  """numpy_reference.pipeline_sgd with model m trained by optimizers[m] (an Optimizer)."""
+  num_models, num_devices = len(models), len(partitions)
+  per_device = num_models // num_devices
+  final = []
+  for m, initial in enumerate(models):
+    params = {name: np.array(leaf, np.float64) for name, leaf in initial.items()}
+    state = optimizers[m].init(params)
+    for s in range(num_stages):
+      partition = (m // per_device + s) % num_devices
+      for j in range(stage_steps):
+        indices = batch_indices(m, s, j, partition)
+        batch = {k: v[indices] for k, v in partitions[partition].items()}
+        u, state = optimizers[m].update(grad(params, batch), state, params)
+        params = {k: params[k] + u[k] for k in params}
+    final.append(params)
+  return final
