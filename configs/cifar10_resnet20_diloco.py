@@ -30,4 +30,5 @@ def get_config():
   config.outer.learning_rate = 0.7
   config.outer.momentum = 0.9
   config.outer.nesterov = True
+  config.outer.moving_rate = 0.0  # the reset pull has no alpha
   return config

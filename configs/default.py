@@ -50,7 +50,9 @@ def get_config() -> ml_collections.ConfigDict:
   # through the outer optimizer, and the workers are pulled back.
   config.outer = ml_collections.ConfigDict()
   config.outer.comm_period = 4  # tau: local steps between exchanges
-  config.outer.moving_rate = 0.9 / 8  # alpha of the elastic pull; beta = workers * alpha < 1
+  # alpha of the elastic pull, beta = workers * alpha < 1; 0: beta = 0.9 (the
+  # EASGD authors'), alpha = 0.9 / workers. A reset pull has no alpha: leave it 0.
+  config.outer.moving_rate = 0.0
   config.outer.pull = ""  # "": the rule's own | elastic | reset (diloco takes either)
   # The outer optimizer: diloco's (these defaults are DiLoCo's); lookahead's
   # slow-weight rate alpha is outer.learning_rate.

@@ -50,6 +50,12 @@ def _validate_sgd_group(group, prefix: str, name_field: str, names: tuple[str, .
     "must be in [0, 1)",
   )
   require(isinstance(group.nesterov, bool), f"{prefix}.nesterov", group.nesterov, "True or False")
+  require(
+    not group.nesterov or group.momentum > 0,
+    f"{prefix}.nesterov",
+    group.nesterov,
+    f"Nesterov needs a momentum: {prefix}.momentum in (0, 1), or {prefix}.nesterov=False",
+  )
 
 
 def validate_optimizer(config: ml_collections.ConfigDict) -> None:
@@ -147,18 +153,29 @@ def pull_in_force(config: ml_collections.ConfigDict) -> str | None:
 def validate_outer_optimizer(config: ml_collections.ConfigDict) -> None:
   """The center family's outer optimizer and pull, and the exchange dtype."""
   outer = config.outer
-  _validate_sgd_group(outer, "outer", "optimizer", optimizers.OUTER)
-  if outer.optimizer == "adam":
+  rule = RULES.get(config.algorithm)
+  reads = rule.reads if rule is not None else ()
+  if "outer.optimizer" in reads:
+    _validate_sgd_group(outer, "outer", "optimizer", optimizers.OUTER)
+    if outer.optimizer == "adam":
+      for field in ("momentum", "nesterov"):
+        require(
+          not outer[field],
+          f"outer.{field}",
+          outer[field],
+          "the adam outer optimizer has moments of its own: set outer.momentum=0 and "
+          "outer.nesterov=False",
+        )
+  elif "outer.learning_rate" in reads:
     require(
-      not outer.momentum and not outer.nesterov,
-      "outer.momentum",
-      outer.momentum,
-      "the adam outer optimizer has its own moments: set outer.momentum=0, outer.nesterov=False",
+      is_number(outer.learning_rate) and outer.learning_rate > 0,
+      "outer.learning_rate",
+      outer.learning_rate,
+      "must be a finite number > 0",
     )
   require(
     outer.pull in PULLS, "outer.pull", outer.pull, "valid: '' (the rule's own), elastic, reset"
   )
-  rule = RULES.get(config.algorithm)
   if rule is not None and outer.pull:
     takes = [name for name, r in RULES.items() if outer.pull in r.pulls]
     own = (
@@ -184,6 +201,14 @@ def validate_rule_optimizer(config: ml_collections.ConfigDict) -> None:
   """What the chosen rule's declarations ask of the inner optimizer."""
   rule = RULES[config.algorithm]
   optimizer = config.optimizer
+  takes = ", ".join(n for n, r in RULES.items() if optimizer.name in r.inner_optimizers)
+  require(
+    optimizer.name in rule.inner_optimizers,
+    "optimizer.name",
+    optimizer.name,
+    f"{rule.name} takes {', '.join(rule.inner_optimizers)} (its workers push gradients that "
+    f"the master's optimizer applies); rules that take {optimizer.name}: {takes}",
+  )
   momentum = optimizer.momentum
   if rule.momentum == Momentum.REQUIRED:
     require(

@@ -76,9 +76,11 @@ class StepCompiler:
     images = jnp.zeros((1, *self.shape.image_shape), jnp.uint8)
     params = model_state.model_tree(jax.eval_shape(self.model.init, jax.random.PRNGKey(0), images))
     self.model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
-    # What one exchange sends (easgd.rules.exchange), as train.py's clock counts it.
-    self.message_bytes = exchange.message_bytes(params, config.outer.exchange_dtype)
     self.rule = make_rule(config.algorithm, Hyper.from_config(config))
+    # One exchange's size, as train.py's clock takes it (easgd.rules.exchange.sizes).
+    self.message_bytes, _ = exchange.sizes(
+      params, config.outer.exchange_dtype, self.rule.hyper.average_stats
+    )
     state = jax.eval_shape(self.rule.init, params, jax.random.PRNGKey(0))
     self.state = _abstract(state, sharding.named(mesh, sharding.state_specs(state)))
     split = NamedSharding(mesh, P(AXIS))

@@ -34,7 +34,7 @@ import math
 import ml_collections
 
 from easgd.pipeline import programs as pipeline_programs
-from easgd.rules import RULES
+from easgd.rules import RULES, optimizers
 
 PIPELINE = "pipeline"
 ALGORITHMS = (*RULES, PIPELINE)
@@ -43,7 +43,8 @@ RUN_GROUPS = ("run", "device")
 SCHEDULE_HORIZON = "run.total_steps"
 ALGORITHM_GROUPS = ("optimizer", "outer", "downpour", "pipeline")
 
-# Flat names of earlier versions -> their grouped names.
+# Flat names (of earlier versions, and the flat spellings of a few newer fields)
+# -> their grouped names.
 MOVED = {
   "dataset": "data.dataset",
   "data_dir": "run.data_dir",
@@ -126,13 +127,21 @@ def reads(algorithm: str) -> tuple[str, ...]:
   return pipeline_programs.READS if algorithm == PIPELINE else RULES[algorithm].reads
 
 
-def shapes_trajectory(field: str, algorithm: str, schedule: str = "constant") -> bool:
-  """Whether the dotted `field` can change what `algorithm` trains (see the module doc)
-  under the learning-rate `schedule`: a schedule other than constant spans
-  run.total_steps, which then shapes the trajectory too."""
+def shapes_trajectory(field: str, algorithm: str, optimizer=None) -> bool:
+  """Whether the dotted `field` can change what `algorithm` trains (see the module doc).
+
+  optimizer: the run's `optimizer` group, if known. Then the fields its
+  optimizer and schedule do not read (easgd.rules.optimizers.unread_fields)
+  do not shape it, and a schedule other than constant spans run.total_steps,
+  which then does. Without it, every optimizer field counts and the schedule
+  is taken as constant.
+  """
   group = field.split(".", maxsplit=1)[0]
   if field == SCHEDULE_HORIZON:
-    return schedule != "constant"
+    return optimizer is not None and optimizer["schedule"] != "constant"
+  if optimizer is not None and group == "optimizer":
+    unread = optimizers.unread_fields(optimizer["name"], optimizer["schedule"])
+    return field.split(".", maxsplit=1)[1] not in unread and _read_by(field, algorithm)
   if algorithm == PIPELINE:
     # One partition a device and a ring of devices: the device count shapes the
     # pipeline; it has no workers and no simulated cluster.
@@ -142,9 +151,12 @@ def shapes_trajectory(field: str, algorithm: str, schedule: str = "constant") ->
       return False
   if group in RUN_GROUPS:
     return False
-  if group in ALGORITHM_GROUPS:
-    return any(field == read or field.startswith(read + ".") for read in reads(algorithm))
-  return True
+  return group not in ALGORITHM_GROUPS or _read_by(field, algorithm)
+
+
+def _read_by(field: str, algorithm: str) -> bool:
+  """Whether `algorithm` declares that it reads `field` (or its group)."""
+  return any(field == read or field.startswith(read + ".") for read in reads(algorithm))
 
 
 def units(config: ml_collections.ConfigDict) -> int:
@@ -178,5 +190,5 @@ def hparams_of(config: ml_collections.ConfigDict) -> dict:
   return {
     field: _hparam(value)
     for field, value in flatten(config.to_dict()).items()
-    if shapes_trajectory(field, config.algorithm, config.optimizer.schedule)
+    if shapes_trajectory(field, config.algorithm, config.optimizer)
   }

@@ -166,9 +166,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   rule = make_rule(config.algorithm, Hyper.from_config(config))
   state = steps.init_state(rule, params, run_rng, setup.mesh)
   cluster = timing.Cluster.from_config(config.cluster)
-  # Every exchange message is sized as it is sent (easgd.rules.exchange).
-  message_bytes = exchange.message_bytes(params, config.outer.exchange_dtype)
-  clock = rule.make_clock(cluster, message_bytes, config.seed)
+  # Every exchange is sized as it is sent (easgd.rules.exchange.sizes).
+  model_bytes, sent_bytes = exchange.sizes(
+    params, config.outer.exchange_dtype, rule.hyper.average_stats
+  )
+  clock = rule.make_clock(cluster, model_bytes, config.seed, sent_bytes)
 
   checkpointer = setup.checkpointer
   resumed = None

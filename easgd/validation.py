@@ -15,7 +15,7 @@ from easgd.errors import ConfigError
 from easgd.models import BATCH_NORM_MODELS, MODELS
 from easgd.pipeline.programs import PER_MODEL_FIELDS
 from easgd.rules import RULES, model_state
-from easgd.rules.base import Pull
+from easgd.rules.base import DEFAULT_BETA, Pull
 from easgd.rules.parameter_server import Downpour
 from easgd.sim import timing
 
@@ -91,9 +91,22 @@ def _validate_outer(config: ml_collections.ConfigDict) -> None:
     # Only the rules with a center exchange read these: another rule ignores them.
     tau = outer.comm_period
     _require(_is_int(tau) and tau >= 1, "outer.comm_period", tau, "must be an integer >= 1")
+  alpha = outer.moving_rate
   if _elastic(config):
-    alpha = outer.moving_rate
-    _require(_is_number(alpha) and 0 < alpha < 1, "outer.moving_rate", alpha, "must be in (0, 1)")
+    _require(
+      _is_number(alpha) and 0 <= alpha < 1,
+      "outer.moving_rate",
+      alpha,
+      "must be in (0, 1), or 0 for beta = workers*moving_rate = 0.9",
+    )
+  elif optimizer_checks.pull_in_force(config) == Pull.RESET:
+    _require(
+      alpha == 0,
+      "outer.moving_rate",
+      alpha,
+      f"{config.algorithm}'s reset pull has no alpha (leave it 0); "
+      "outer.pull=elastic pulls with it (diloco)",
+    )
 
 
 def _elastic(config: ml_collections.ConfigDict) -> bool:
@@ -178,7 +191,7 @@ def _validate_pipeline(config: ml_collections.ConfigDict) -> None:
     "weight_decay": (lambda v: _is_number(v) and v >= 0, "every value must be >= 0"),
     "b1": (lambda v: _is_number(v) and 0 <= v < 1, "every value must be in [0, 1)"),
     "b2": (lambda v: _is_number(v) and 0 <= v < 1, "every value must be in [0, 1)"),
-    "seed": (_is_int, "every value must be an integer"),
+    "seed": (lambda v: _is_int(v) and 0 <= v < 2**32, "every value must be in [0, 2**32)"),
   }
   for field in PER_MODEL_FIELDS:
     values = pipeline.per_model[field]
@@ -190,6 +203,13 @@ def _validate_pipeline(config: ml_collections.ConfigDict) -> None:
     )
     ok, allowed = checks[field]
     _require(all(ok(v) for v in values), f"pipeline.per_model.{field}", values, allowed)
+  _require(
+    bool(pipeline.per_model.seed) or config.seed + models <= 2**32,
+    "seed",
+    config.seed,
+    f"model m's seed is seed + m: must be < 2**32 - {models - 1} for {models} models "
+    "(or give pipeline.per_model.seed)",
+  )
   momentum = pipeline.per_model.momentum
   _require(
     config.optimizer.name != "adamw" or not any(momentum),
@@ -206,7 +226,7 @@ def _validate_rule(config: ml_collections.ConfigDict) -> None:
   rule = RULES[config.algorithm]
   optimizer_checks.validate_rule_optimizer(config)
   if _elastic(config):
-    alpha = config.outer.moving_rate
+    alpha = config.outer.moving_rate or DEFAULT_BETA / workers
     _require(
       workers * alpha < 1,
       "outer.moving_rate",
@@ -298,8 +318,19 @@ def check_resumable(saved: dict, config: ml_collections.ConfigDict, workdir: str
   # A checkpoint of an earlier version has flat names: compare under the grouped ones.
   saved = schema.grouped(saved)
   current = schema.flatten(config.to_dict())
+  missing = [
+    field
+    for field in sorted(current)
+    if field not in saved and schema.shapes_trajectory(field, config.algorithm, config.optimizer)
+  ]
+  if missing:
+    # Its state has another structure too: nothing of it can be restored.
+    raise ConfigError(
+      f"workdir {workdir!r} holds a checkpoint written by an earlier version, whose config "
+      f"has no config.{missing[0]}; this version cannot resume it: use another --workdir"
+    )
   for field in sorted(set(saved) | set(current)):
-    if not schema.shapes_trajectory(field, config.algorithm, config.optimizer.schedule):
+    if not schema.shapes_trajectory(field, config.algorithm, config.optimizer):
       continue
     if saved.get(field) != current.get(field):
       raise ConfigError(

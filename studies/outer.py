@@ -58,15 +58,29 @@ def config_for(rule: str, dtype: str, total_steps: int, seed: int, overrides: di
   return config
 
 
-def train(rule, dtype, args, overrides) -> list[dict]:
-  """The curves of each seed's run of `rule` sending `dtype`, training what is missing."""
-  curves = []
+def workdir_of(args, rule: str, dtype: str, seed: int) -> str:
+  return os.path.join(args.workdir, rule, dtype, f"seed_{seed}")
+
+
+def check(args, rule: str, dtype: str, overrides: dict) -> None:
+  """Every run of `rule` sending `dtype` is valid, and any workdir it finds is its own."""
   for seed in range(args.seeds):
     config = config_for(rule, dtype, args.total_steps, seed, overrides)
-    workdir = os.path.join(args.workdir, rule, dtype, f"seed_{seed}")
+    validation.validate(config)
+    workdir = workdir_of(args, rule, dtype, seed)
     saved = checkpoint.saved_config(workdir)
     if saved is not None:
       validation.check_resumable(saved, config, workdir)
+
+
+def train(rule, dtype, args, overrides) -> list[dict]:
+  """The curves of each seed's run of `rule` sending `dtype`, training what is missing
+  (`check` has accepted them all)."""
+  curves = []
+  for seed in range(args.seeds):
+    config = config_for(rule, dtype, args.total_steps, seed, overrides)
+    workdir = workdir_of(args, rule, dtype, seed)
+    saved = checkpoint.saved_config(workdir)
     if saved is None or asynchrony.saved_total_steps(saved) != args.total_steps:
       print(f"training {rule} ({dtype}), seed {seed} ...", flush=True)
       trainer.train_and_evaluate(config, workdir)
@@ -160,9 +174,11 @@ def main():
         f"--rules: not a synchronous rule: {', '.join(unknown)}; allowed: {synchronous}"
       )
     overrides = asynchrony.parse_overrides(args.set)
+    # Before anything trains: a bad setting or another study's workdir is one line
+    # now, not a traceback hours in.
     for rule in chosen:
       for dtype in ("float32", *DTYPES):
-        validation.validate(config_for(rule, dtype, args.total_steps, 0, overrides))
+        check(args, rule, dtype, overrides)
   except (ValueError, TypeError) as error:
     sys.exit(f"error: {error}")
 

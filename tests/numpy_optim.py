@@ -1,5 +1,6 @@
 """The inner and outer optimizers, schedules and the center family in plain NumPy,
-written from docs/algorithms.md ("Optimizers" and "The center family"), not from easgd/.
+written from docs/algorithms.md ("The inner optimizer and its schedule", "The center
+family"), not from easgd/.
 
 Models are parameter dicts of NumPy arrays, as in numpy_reference.
 """

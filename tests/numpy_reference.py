@@ -79,9 +79,8 @@ def sync_easgd(x0, batches, grad, eta, alpha, tau, mu=None, nesterov=False):
         updates.append(_scale(_add(g, velocity[i], mu) if nesterov else velocity[i], -eta))
     if (t + 1) % tau == 0:
       distances = [_sub(w, center) for w in workers]
-      workers = [
-        _add(_add(w, u), d, -alpha) for w, u, d in zip(workers, updates, distances, strict=True)
-      ]
+      pairs = zip(workers, updates, distances, strict=True)
+      workers = [_add(_add(w, u), d, -alpha) for w, u, d in pairs]
       total = {k: np.sum([d[k] for d in distances], axis=0) for k in center}
       center = _add(center, total, alpha)
     else:
@@ -170,14 +169,15 @@ def parameter_server(
     else:
       at(time + durations(i, k), 2, i, "step")
 
-  def server_update(g):
+  def server_update(g, i):  # at the learning rate of worker i's last step
+    rate = inner.rate(steps[i] - 1) if inner else eta
     if server == "momentum":
       momentum.update(_add(_scale(momentum, mu), g))
-      return _scale(momentum, -eta)
+      return _scale(momentum, -rate)
     if server == "adagrad":
       adagrad.update({k: adagrad[k] + g[k] ** 2 for k in g})
-      return {k: -eta * g[k] / np.sqrt(adagrad[k] + 1e-7) for k in g}
-    return _scale(g, -eta)
+      return {k: -rate * g[k] / np.sqrt(adagrad[k] + 1e-7) for k in g}
+    return _scale(g, -rate)
 
   def read(i):
     """The master's answer to worker i, computed from the center as it is now."""
@@ -186,7 +186,7 @@ def parameter_server(
       increment = _scale(_sub(sent[i], center), alpha)
       reply[i] = increment
     else:
-      increment = server_update(accumulated[i])
+      increment = server_update(accumulated[i], i)
       reply[i] = _add(center, increment)
     return increment
 

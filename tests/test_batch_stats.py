@@ -252,3 +252,25 @@ def test_pipeline_models_carry_their_statistics_and_decay_only_parameters():
     grads, new_stats = forward(params, stats, batch)
     expected = {k: params[k] - ETA * (grads[k] + decay * params[k]) for k in params}
     assert_close(row(after.models, slot), expected, new_stats)
+
+
+@pytest.mark.parametrize("name", ["diloco", "local_sgd", "lookahead"])
+def test_reset_rules_average_the_statistics_and_reset_every_worker_to_them(name):
+  """s~ <- mean_i s'_i at an exchange, whatever the outer optimizer; then s_i <- s~."""
+  workers, tau = 4, 2
+  hyper = rules.Hyper(
+    workers, ETA, comm_period=tau, outer_learning_rate=0.7, outer_momentum=0.9, outer_nesterov=True
+  )
+  _, state, step = start(name, hyper, num_devices=2)
+  for t, step_batches in enumerate(make_batches(workers, 2 * tau)):
+    before = jax.device_get(state)
+    state, _ = step(state, as_device_batch(step_batches), {})
+    if (t + 1) % tau:
+      continue
+    own = [forward(*flat(row(before.workers, i)), step_batches[i])[1] for i in range(workers)]
+    center_stats = flat(jax.device_get(state.center))[1]
+    for key in center_stats:
+      expected = np.mean([stats[key] for stats in own], axis=0)
+      np.testing.assert_allclose(center_stats[key], expected, rtol=2e-5, atol=2e-6)
+      for i in range(workers):
+        np.testing.assert_array_equal(flat(row(state.workers, i))[1][key], center_stats[key])

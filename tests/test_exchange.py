@@ -99,14 +99,26 @@ def test_int8_exchanges_train_close_to_float32_and_replay_bit_for_bit(name):
     np.testing.assert_allclose(x, z, atol=0.05)  # ... and it trains alike
 
 
-def test_the_bytes_a_run_reports_are_those_sent(tmp_path):
-  reported, sizes = {}, {}
+@pytest.mark.parametrize("algorithm", ["sync_easgd", "async_easgd"])
+def test_the_bytes_a_run_reports_are_those_sent(tmp_path, algorithm):
+  """Counted from the model's entries and tensors: a compressed message out, the float32
+  result back (an all-reduce's two phases: each worker sends (P-1)/P of each)."""
+  reported = {}
   for dtype in ("float32", "int8"):
-    config = small_config({"outer.exchange_dtype": dtype, "run.checkpoint_every": 0})
+    config = small_config(
+      {"outer.exchange_dtype": dtype, "run.checkpoint_every": 0}, algorithm=algorithm
+    )
     result = trainer.train_and_evaluate(config, str(tmp_path / dtype))
     reported[dtype] = result.metrics["comm/bytes_per_worker"]
-    sizes[dtype] = exchange.message_bytes(result.state.center, dtype)
-  assert sizes["int8"] < sizes["float32"] / 3.9
-  np.testing.assert_allclose(
-    reported["int8"] / reported["float32"], sizes["int8"] / sizes["float32"]
-  )
+    per_exchange = reported[dtype] / result.metrics["comm/exchanges_per_worker"]
+    reported[dtype, "each"] = per_exchange
+  leaves = jax.tree.leaves(result.state.center)
+  entries, tensors = sum(leaf.size for leaf in leaves), len(leaves)
+  int8 = entries + 4 * tensors
+  if algorithm == "sync_easgd":  # 4 workers, tau = 4: 10 all-reduces in 40 steps
+    assert result.metrics["comm/exchanges_per_worker"] == 10
+    np.testing.assert_allclose(reported["float32"], 10 * 2 * 3 / 4 * 4 * entries)
+    np.testing.assert_allclose(reported["int8"], 10 * 3 / 4 * (4 * entries + int8))
+  else:  # a request carries the worker's message; the float32 reply is the master's
+    np.testing.assert_allclose(reported["float32", "each"], 4 * entries)
+    np.testing.assert_allclose(reported["int8", "each"], int8)

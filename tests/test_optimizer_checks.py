@@ -30,9 +30,40 @@ BAD = [
   ({**COSINE, "optimizer.warmup_steps": -1}, r"warmup_steps=-1 .*integer >= 0"),
   ({"optimizer.decay_factor": 0.0}, r"config.optimizer.decay_factor=0.0 .*\(0, 1\]"),
   ({"outer.learning_rate": 0.0, **DILOCO}, r"config.outer.learning_rate=0.0 .*> 0"),
+  ({"optimizer.warmup_steps": True, **COSINE}, r"warmup_steps=True .*integer >= 0"),
+  ({"optimizer.boundaries": (0.5, float("nan")), **STEP}, r"boundaries=\(0.5, nan\)"),
   ({"outer.learning_rate": -0.7, **DILOCO}, r"config.outer.learning_rate=-0.7 .*> 0"),
-  ({"outer.learning_rate": float("nan")}, r"config.outer.learning_rate=nan .*finite number > 0"),
-  ({"outer.learning_rate": float("inf")}, r"config.outer.learning_rate=inf .*finite number > 0"),
+  ({"outer.learning_rate": float("nan"), **DILOCO}, r"outer.learning_rate=nan .*finite number > 0"),
+  (
+    {"outer.learning_rate": float("inf"), "algorithm": "lookahead"},
+    r"config.outer.learning_rate=inf .*finite number > 0",
+  ),
+  ({"optimizer.nesterov": True}, r"optimizer.nesterov=True .*Nesterov needs a momentum"),
+  (
+    {"outer.momentum": 0.0, **DILOCO},
+    r"config.outer.nesterov=True .*Nesterov needs a momentum: outer.momentum in",
+  ),
+  (
+    {"outer.momentum": 0.5, "outer.pull": "reset", "outer.moving_rate": 0.1, **DILOCO},
+    r"config.outer.moving_rate=0.1 .*diloco's reset pull has no alpha",
+  ),
+  (
+    {"algorithm": "local_sgd", "outer.moving_rate": 0.05},
+    r"config.outer.moving_rate=0.05 .*local_sgd's reset pull has no alpha",
+  ),
+  (
+    {"algorithm": "async_sgd", "optimizer.name": "adamw", "optimizer.learning_rate": 1e-3},
+    r"config.optimizer.name='adamw' .*async_sgd takes sgd .*rules that take adamw: sync_sgd",
+  ),
+  (
+    {"algorithm": "downpour", "optimizer.name": "adamw"},
+    r"config.optimizer.name='adamw' .*downpour takes sgd",
+  ),
+  ({"seed": 2**32 - 2, "algorithm": "pipeline"}, r"config.seed=4294967294 .*seed \+ m"),
+  (
+    {"algorithm": "pipeline", "pipeline.per_model.seed": (0, 1, 2, 2**32)},
+    r"config.pipeline.per_model.seed=\(0, 1, 2, 4294967296\) .*\[0, 2\*\*32\)",
+  ),
   ({"outer.momentum": 1.0, **DILOCO}, r"config.outer.momentum=1.0 .*\[0, 1\)"),
   ({"outer.pull": "reset"}, r"outer.pull='reset' .*sync_easgd pulls elastic; .*diloco"),
   (
@@ -51,7 +82,10 @@ BAD = [
     r"exchange_dtype='int8' .*valid for pipeline: float32 \(its models move whole",
   ),
   ({**ADAMW, "optimizer.momentum": 0.9}, r"optimizer.momentum=0.9 .*adamw has no momentum"),
-  ({**ADAMW, "optimizer.nesterov": True}, r"optimizer.nesterov=True .*adamw has no momentum"),
+  (
+    {**ADAMW, "optimizer.momentum": 0.9, "optimizer.nesterov": True},
+    r"optimizer.momentum=0.9 .*adamw has no momentum",
+  ),
   ({"optimizer.b2": 1.0}, r"config.optimizer.b2=1.0 .*\[0, 1\)"),
   ({"optimizer.eps": 0.0}, r"config.optimizer.eps=0.0 .*> 0"),
   (
@@ -60,10 +94,14 @@ BAD = [
   ),
   (
     {"outer.optimizer": "adam", **DILOCO},
-    r"config.outer.momentum=0.9 .*adam outer optimizer has its own moments",
+    r"config.outer.momentum=0.9 .*adam outer optimizer has moments of its own",
+  ),
+  (
+    {"outer.optimizer": "adam", "outer.momentum": 0.0, "outer.nesterov": True, **DILOCO},
+    r"config.outer.nesterov=True is invalid: Nesterov needs a momentum",
   ),
   # A reset rule reads no alpha; an elastic pull does.
-  ({"outer.pull": "elastic", "outer.moving_rate": 0.0, **DILOCO}, r"moving_rate=0.0 .*\(0, 1\)"),
+  ({"outer.pull": "elastic", "outer.moving_rate": 1.0, **DILOCO}, r"moving_rate=1.0 .*\(0, 1\)"),
 ]
 
 
@@ -79,7 +117,9 @@ def test_bad_optimizer_settings_are_named_in_one_line(overrides, message):
   [
     DILOCO,
     {**DILOCO, **ADAMW, "outer.pull": "elastic"},
-    {**DILOCO, "outer.moving_rate": 0.0},  # the reset pull reads no alpha
+    {**DILOCO, "outer.pull": "elastic", "outer.moving_rate": 0.05},
+    {**DILOCO, "outer.optimizer": "adam", "outer.momentum": 0.0, "outer.nesterov": False},
+    {"algorithm": "sync_sgd", "outer.optimizer": "adam"},  # sync_sgd reads no outer optimizer
     {"algorithm": "local_sgd", "outer.pull": "reset"},
     {"algorithm": "lookahead", "workers": 1, "outer.learning_rate": 0.5},
     {"algorithm": "sync_measgd", "optimizer.momentum": 0.9, "optimizer.nesterov": True},

@@ -29,6 +29,7 @@ def test_a_schedule_is_logged_as_it_runs(tmp_path):
       "optimizer.learning_rate": 0.01,
       "optimizer.schedule": "warmup_cosine",
       "optimizer.warmup_steps": 10,
+      "outer.moving_rate": 0.0,  # the reset pull has no alpha
       "run.log_every": 1,
       "run.checkpoint_every": 0,
     },

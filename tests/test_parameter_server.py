@@ -133,7 +133,16 @@ def test_rule_follows_a_literal_parameter_server(name, num_devices):
       dict(momentum=MU, schedule="warmup_step", warmup_steps=2, boundaries=(0.2, 0.4)),
       numpy_optim.Optimizer("sgd", numpy_optim.warmup_step(ETA, 2, 30, (0.2, 0.4), 0.1), mu=MU),
     ),
-    ("downpour", dict(optimizer="adamw"), numpy_optim.Optimizer("adamw", lambda t: ETA)),
+    (
+      "downpour",  # the master's learning rate is the pusher's, at its last local step
+      dict(momentum=0.0, schedule="warmup_cosine", warmup_steps=3),
+      numpy_optim.Optimizer("sgd", numpy_optim.warmup_cosine(ETA, 3, 30)),
+    ),
+    (
+      "async_msgd",
+      dict(schedule="warmup_step", warmup_steps=2, boundaries=(0.3,)),
+      numpy_optim.Optimizer("sgd", numpy_optim.warmup_step(ETA, 2, 30, (0.3,), 0.1)),
+    ),
   ],
 )
 def test_each_workers_inner_optimizer_and_schedule_follow_its_own_steps(name, settings, inner):

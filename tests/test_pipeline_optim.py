@@ -4,15 +4,18 @@ values, against NumPy model by model; and the learning rate each model logs."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
+from tensorboard.backend.event_processing import event_accumulator
 from test_pipeline import BATCH, PARTITION_SIZE, STAGE_STEPS, data, init_params, loss_fn
 
 import least_squares
 import numpy_optim
-from easgd import rules, steps
+from easgd import rules, steps, trainer
 from easgd.infra import sharding
 from easgd.pipeline import programs
 from easgd.rules import AXIS
+from runs import small_config
 
 NUM_MODELS, NUM_DEVICES, NUM_STAGES = 4, 2, 3
 TOTAL = NUM_STAGES * STAGE_STEPS
@@ -76,3 +79,28 @@ def test_models_train_with_adamw_under_a_schedule_at_their_own_values():
     slot = int(np.flatnonzero(final.model_id == m)[0])
     for name, leaf in final.models.items():
       np.testing.assert_allclose(leaf[slot], expected[m][name], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.e2e
+def test_each_models_run_logs_its_own_learning_rate(tmp_path):
+  peaks = (0.01, 0.02, 0.03, 0.04)
+  config = small_config(
+    {
+      "pipeline.per_model.learning_rate": peaks,
+      "optimizer.schedule": "warmup_cosine",
+      "optimizer.warmup_steps": 5,
+      "run.checkpoint_every": 0,
+    },
+    algorithm="pipeline",
+  )
+  trainer.train_and_evaluate(config, str(tmp_path))
+  for m, peak in enumerate(peaks):
+    accumulator = event_accumulator.EventAccumulator(str(tmp_path / f"model_{m}"))
+    accumulator.Reload()
+    logged = {event.step: event.value for event in accumulator.Scalars("train/learning_rate")}
+    rate = numpy_optim.warmup_cosine(peak, 5, 40)
+    # Logged every 10 steps: the mean of the rates of the steps since the last log.
+    expected = {s: np.mean([rate(t) for t in range(s - 10, s)]) for s in (10, 20, 30, 40)}
+    assert sorted(logged) == sorted(expected)
+    for step, value in expected.items():
+      np.testing.assert_allclose(logged[step], value, rtol=1e-5)

@@ -62,7 +62,15 @@ def test_hyper_comes_from_the_grouped_fields():
 def test_what_shapes_a_trajectory_follows_the_groups_and_the_rule():
   assert not schema.shapes_trajectory("run.total_steps", "sync_easgd")
   # A schedule spans the run: its length then shapes the trajectory.
-  assert schema.shapes_trajectory("run.total_steps", "sync_easgd", "warmup_cosine")
+  cosine = {"name": "sgd", "schedule": "warmup_cosine"}
+  assert schema.shapes_trajectory("run.total_steps", "sync_easgd", cosine)
+  # What the optimizer and schedule in use do not read does not shape the run.
+  assert not schema.shapes_trajectory("optimizer.b1", "sync_easgd", cosine)
+  assert not schema.shapes_trajectory("optimizer.boundaries", "sync_easgd", cosine)
+  assert schema.shapes_trajectory("optimizer.warmup_steps", "sync_easgd", cosine)
+  adamw = {"name": "adamw", "schedule": "constant"}
+  assert schema.shapes_trajectory("optimizer.b1", "diloco", adamw)
+  assert not schema.shapes_trajectory("optimizer.momentum", "diloco", adamw)
   assert schema.shapes_trajectory("optimizer.schedule", "async_sgd")
   assert not schema.shapes_trajectory("outer.learning_rate", "sync_easgd")
   assert schema.shapes_trajectory("outer.learning_rate", "diloco")

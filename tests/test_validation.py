@@ -19,7 +19,7 @@ from runs import config_with
     ({"data.dataset": "svhn"}, r"config.data.dataset='svhn' .*valid: cifar10, cifar100, digits"),
     ({"workers": 8, "run.devices": 3}, r"config.run.devices=3 .*must divide config.workers=8"),
     ({"outer.comm_period": 0}, r"config.outer.comm_period=0 .*integer >= 1"),
-    ({"outer.moving_rate": 0.0}, r"config.outer.moving_rate=0.0 .*\(0, 1\)"),
+    ({"outer.moving_rate": -0.1}, r"config.outer.moving_rate=-0.1 .*\(0, 1\)"),
     ({"outer.moving_rate": 1.5}, r"config.outer.moving_rate=1.5 .*\(0, 1\)"),
     (
       {"outer.moving_rate": 0.125},
@@ -175,3 +175,19 @@ def test_a_checkpoint_of_the_flat_config_resumes_under_the_grouped_names():
   flat["learning_rate"] = 0.2
   with pytest.raises(ConfigError, match=r"config.optimizer.learning_rate is 0.2 there, 0.1 here"):
     validation.check_resumable(flat, default.get_config(), "w")
+
+
+def test_a_checkpoint_of_an_earlier_version_is_named_as_such():
+  """A config without a field that shapes this run: its state has another structure too."""
+  saved = schema.flatten(default.get_config().to_dict())
+  del saved["optimizer.name"], saved["outer.exchange_dtype"]
+  with pytest.raises(
+    ConfigError, match=r"earlier version, whose config has no config.optimizer.name"
+  ):
+    validation.check_resumable(saved, default.get_config(), "w")
+  # A field the run does not read may be missing: sync_sgd has no outer optimizer.
+  del saved["outer.learning_rate"]
+  saved.update(
+    {"optimizer.name": "sgd", "outer.exchange_dtype": "float32", "algorithm": "sync_sgd"}
+  )
+  validation.check_resumable(saved, config_with(algorithm="sync_sgd"), "w")

@@ -166,7 +166,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> loop.
   runner = programs.Pipeline(
     pipeline.models, setup.mesh.size, pipeline.stage_steps, Hyper.from_config(config)
   )
-  hypers = [np.asarray(values["seed"], np.int32)] + [
+  hypers = [np.asarray(values["seed"], np.uint32)] + [
     np.asarray(values[field], np.float32) for field in programs.HYPER_FIELDS
   ]
   state = programs.init_state(runner, setup.init_params, hypers, setup.mesh)

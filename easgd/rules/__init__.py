@@ -12,7 +12,7 @@ registry:         `config.algorithm` -> rule class.
 The names below are the interface the rest of the project uses.
 """
 
-from easgd.rules.base import AXIS, Hyper, LossFn, Momentum, Rule, TickInputs, TrainState
+from easgd.rules.base import AXIS, Hyper, LossFn, Momentum, Pull, Rule, TickInputs, TrainState
 from easgd.rules.registry import RULES, make_rule, names, plain
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
   "Hyper",
   "LossFn",
   "Momentum",
+  "Pull",
   "Rule",
   "TickInputs",
   "TrainState",

@@ -9,9 +9,9 @@ workers are formed as a local sum followed by one all-reduce (`lax.psum`),
 which replaces the master of the original algorithms by a tree reduction.
 
 Notation (as in the papers): P workers with parameters x_i, center x~,
-learning rate eta, moving rate alpha, communication period tau, momentum mu
-(classic) or delta (Nesterov), g_i the stochastic gradient of worker i on its
-own mini-batch (plus lambda*x_i with weight decay lambda). `state.step`
+learning rate eta (eta_k under a schedule), moving rate alpha, communication
+period tau, g_i the stochastic gradient of worker i on its own mini-batch,
+u_i the update of its inner optimizer (easgd.rules.optimizers). `state.step`
 counts the steps taken so far (t).
 
 A model with BatchNorm is the tree {"params", "batch_stats"}; a local step
@@ -21,7 +21,7 @@ with the parameters or not, as `Hyper.average_stats` says
 
 Each step also receives a `tick`: the replicated arrays of `easgd.sim.ticks.Tick`
 that say which workers step and which requests the master serves. The
-synchronous rules (`easgd.rules.sync`) get an empty tick; the
+synchronous rules (`easgd.rules.sync`, `easgd.rules.outer`) get an empty tick; the
 parameter-server rules (`easgd.rules.parameter_server`) are driven by it.
 
 Every rule class declares what it is and what it accepts (`Rule.momentum`,
@@ -68,12 +68,13 @@ class TrainState:
     rng: PRNG key of the run. Data order (and any other randomness) is a pure
       function of (rng, worker, worker_steps), so it needs no state of its own.
     center: the center variable x~; for sync_sgd the one shared x.
-    center_opt: optimizer state of the center (sync_sgd), else ().
+    center_opt: optimizer state of the center: sync_sgd's inner optimizer's, the
+      outer optimizer's (easgd.rules.outer), or the parameter-server master's.
     workers: the workers' parameters x_i, stacked on a leading axis of size P
       (sharded over the mesh); () for sync_sgd, whose workers share x.
-    worker_opt: the workers' other state (velocities v_i, accumulated
-      gradients, increments in flight), stacked like `workers`; () when the
-      rule keeps none.
+    worker_opt: the workers' other state (their inner optimizer's state under
+      "inner", accumulated gradients, increments in flight), stacked like
+      `workers`; () when the rule keeps none.
     worker_steps: local steps each worker has taken, int32 [P]; it picks the
       worker's next batch.
   """
@@ -104,7 +105,7 @@ class Hyper:
   momentum: float = _config("optimizer.momentum", default=0.0)  # mu (sgd)
   nesterov: bool = _config("optimizer.nesterov", default=False)
   comm_period: int = _config("outer.comm_period", default=1)  # tau
-  moving_rate: float = _config("outer.moving_rate", default=0.0)  # alpha
+  moving_rate: float = _config("outer.moving_rate", default=0.0)  # alpha; 0: DEFAULT_BETA / P
   n_sync: int = _config("downpour.n_sync", default=1)
   server_optimizer: str = _config("downpour.server_optimizer", default="sgd")
   # lambda: L2 (g + lambda*x) for sgd, decoupled for adamw
@@ -143,7 +144,15 @@ class Hyper:
       )
       convert = field.metadata["convert"]
       values[field.name] = convert(value) if convert else value
-    return cls(**values)
+    hyper = cls(**values)
+    if not hyper.moving_rate:
+      # 0 asks for the EASGD authors' beta = P*alpha = 0.9.
+      hyper = dataclasses.replace(hyper, moving_rate=DEFAULT_BETA / hyper.num_workers)
+    return hyper
+
+
+# beta = P*alpha of the elastic pull when outer.moving_rate is 0 (Zhang et al. 2015).
+DEFAULT_BETA = 0.9
 
 
 def stack_workers(tree: Params, count: int) -> Params:
@@ -257,6 +266,7 @@ class Rule(abc.ABC):
                  downpour) that its trajectory depends on; the others may
                  differ when a checkpoint is resumed and are left out of
                  its HParams.
+    inner_optimizers: the inner optimizers (`optimizer.name`) its workers may step with.
     pulls:       the pulls it may take (`Pull`, `outer.pull`), its own first;
                  () for a rule without a center to pull to (the SGD rules).
   """
@@ -269,6 +279,7 @@ class Rule(abc.ABC):
   batch_stats: ClassVar[tuple[str, ...]] = model_state.BATCH_STATS_CHOICES
   reads: ClassVar[tuple[str, ...]] = BASE_READS
   pulls: ClassVar[tuple[str, ...]] = ()
+  inner_optimizers: ClassVar[tuple[str, ...]] = optimizers.INNER
 
   @classmethod
   def parameter_server(cls) -> bool:
@@ -303,8 +314,12 @@ class Rule(abc.ABC):
   def period(self) -> int:
     """Local steps of a worker between two of its exchanges."""
 
-  def make_clock(self, cluster: timing.Cluster, model_bytes: int, seed: int) -> clocks.Clock:
+  def make_clock(
+    self, cluster: timing.Cluster, model_bytes: float, seed: int, sent_bytes: float | None = None
+  ) -> clocks.Clock:
     """The schedule of this rule on `cluster`: all workers in lockstep."""
+    # An all-reduce's bytes are all its own (easgd.rules.exchange.sizes): sent_bytes unused.
+    del sent_bytes
     return clocks.SyncClock(cluster, self.hyper.num_workers, model_bytes, seed, self.period)
 
   def tick_inputs(self, tick: ticks.Tick) -> TickInputs:

@@ -14,12 +14,14 @@ int8 rounds stochastically: E[Q(v)] = v, so the errors of the P workers and
 of successive exchanges average out instead of adding up in one direction.
 Its random numbers come from (run key, step, worker, tensor), so a run's
 bits are still a function of its seed. Everything else (the center, the
-all-reduce's sum, the replies) stays float32.
+all-reduce's sum, the replies) stays float32; `sizes` counts both ways.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from easgd.rules import model_state
 
 DTYPES = ("float32", "bfloat16", "int8")
 ENTRY_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}
@@ -32,6 +34,27 @@ def message_bytes(tree, dtype: str) -> int:
     int(np.prod(leaf.shape)) * ENTRY_BYTES[dtype] + SCALE_BYTES[dtype]
     for leaf in jax.tree.leaves(tree)
   )
+
+
+def sizes(tree, dtype: str, average_stats: bool = True) -> tuple[float, int]:
+  """(the size the timing model moves a message at, the bytes a worker sends) for one
+  exchange of the model `tree`.
+
+  What is compressed goes one way only: a worker's message out (Q), then the
+  float32 result back (the master's reply; or, for an all-reduce, the float32
+  sums gathered after the compressed messages were scattered to the workers
+  that add them up, as the code adds them in float32). Each direction is
+  counted at its size: a message's time is taken at the mean of the two (a
+  round trip, or the all-reduce's two phases, comes out exact), and a worker
+  sends the compressed message (all-reduce: (P-1)/P of each phase, which
+  easgd.sim.timing counts from the mean). BatchNorm statistics kept local
+  are not sent.
+  """
+  message = tree
+  if not average_stats and model_state.has_stats(tree):
+    message = model_state.trainable(tree)
+  full, sent = message_bytes(message, "float32"), message_bytes(message, dtype)
+  return (full + sent) / 2, sent
 
 
 def _int8(leaf: jax.Array, key: jax.Array) -> jax.Array:

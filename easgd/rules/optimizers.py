@@ -41,6 +41,22 @@ OUTER = ("sgd", "adam")
 SCHEDULES = ("constant", "warmup_cosine", "warmup_step")
 
 
+# The optimizer group's fields that an optimizer or a schedule does not read.
+_UNREAD_BY = {
+  "sgd": ("b1", "b2", "eps"),
+  "adamw": ("momentum", "nesterov"),
+  "constant": ("warmup_steps", "boundaries", "decay_factor"),
+  "warmup_cosine": ("boundaries", "decay_factor"),
+  "warmup_step": (),
+}
+
+
+def unread_fields(name: str, schedule_name: str) -> tuple[str, ...]:
+  """The `optimizer.*` fields (without the group) that optimizer `name` under schedule
+  `schedule_name` does not read: they do not shape a run that uses them."""
+  return _UNREAD_BY.get(name, ()) + _UNREAD_BY.get(schedule_name, ())
+
+
 def schedule(hyper) -> optax.Schedule | float:
   """The learning rate of the inner optimizer: a float for `constant` (optax then keeps
   no count), else an optax schedule of the local step count."""

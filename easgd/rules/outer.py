@@ -31,10 +31,12 @@ optimizer and pull are the config's):
                fast weights reset to them every k = tau steps; any P, and
                P = 1 is the paper's optimizer (Zhang et al. 2019)
 
-BatchNorm statistics (easgd.rules.model_state) follow the parameters with
-`outer.batch_stats` averaged, through plain outer SGD (eta_o, no momentum:
-momentum on running statistics has no meaning), and a reset sets them to the
-center's; with `local` they are in no exchange and no reset.
+BatchNorm statistics (easgd.rules.model_state) with `outer.batch_stats`
+averaged are averaged, not optimized (an outer learning rate or momentum on
+running statistics has no meaning): under the reset pull the center's become
+the workers' mean s~ <- mean_i s_i and the reset sets every worker's to it;
+under the elastic pull they move as EASGD moves them, s~ <- s~ + alpha *
+sum_i (s_i - s~). With `local` they are in no exchange and no reset.
 """
 
 import jax
@@ -114,17 +116,20 @@ class CenterRule(Rule):
     updates, center_opt = outer.update(delta, center_opt, params)
     moved = model_state.with_trainable(center, optax.apply_updates(params, updates))
     if model_state.has_stats(center):
-      rate = self.outer_settings()[1]
+      # Running statistics are averaged, not optimized: the reset pull sets the
+      # center's to the workers' mean, the elastic pull moves them as EASGD does.
+      rate = 1.0 if self.pull == Pull.RESET else count * self.hyper.moving_rate
       stats = jax.tree.map(
         lambda c, s: c + rate * s, center[model_state.STATS], mean[model_state.STATS]
       )
       moved = dict(moved, **{model_state.STATS: stats})
     return moved, center_opt
 
-  def _reset(self, center, workers):
-    """Every worker set to the center; BatchNorm statistics too unless they are local."""
+  def _reset(self, center, workers, count: int):
+    """This device's `count` workers set to the center; BatchNorm statistics too unless
+    they are local."""
     # The center is the same on every device; each device's rows of it are its own.
-    reset = lax.pcast(stack_workers(center, workers_count(workers)), AXIS, to="varying")
+    reset = lax.pcast(stack_workers(center, count), AXIS, to="varying")
     if model_state.has_stats(center) and not self.hyper.average_stats:
       reset = dict(reset, **{model_state.STATS: workers[model_state.STATS]})
     return reset
@@ -152,7 +157,7 @@ class CenterRule(Rule):
       )
       center, center_opt = self._move_center(state.center, state.center_opt, sent)
       if self.pull == Pull.RESET:
-        return self._reset(center, stepped), center, center_opt
+        return self._reset(center, stepped, count), center, center_opt
       # The worker pulls itself with its own exact difference; only what it
       # sends is compressed.
       alpha = self.hyper.moving_rate
@@ -174,11 +179,6 @@ class CenterRule(Rule):
 
   def worker_params(self, state):
     return state.workers
-
-
-def workers_count(workers) -> int:
-  """The leading (workers) axis of a stacked tree."""
-  return jax.tree.leaves(workers)[0].shape[0]
 
 
 class SyncEASGD(CenterRule):

@@ -86,7 +86,7 @@ class ParameterServerRule(Rule):
     eta_t of the pushing worker's schedule."""
     return optax.sgd(1.0)
 
-  def make_clock(self, cluster, model_bytes, seed):
+  def make_clock(self, cluster, model_bytes, seed, sent_bytes=None):
     return clocks.AsyncClock(
       cluster,
       self.hyper.num_workers,
@@ -95,6 +95,7 @@ class ParameterServerRule(Rule):
       period=self.period,
       policy=self.policy,
       exchange_first=self.elastic,
+      sent_bytes=sent_bytes,
     )
 
   def tick_inputs(self, tick):
@@ -315,6 +316,9 @@ class AsyncSGD(ParameterServerRule):
   name = "async_sgd"
   policy = clocks.Policy.FCFS
   elastic = False
+  # The workers push gradients that the master's own optimizer applies: an
+  # adaptive inner optimizer would shape only the local steps the fetch overwrites.
+  inner_optimizers = ("sgd",)
   # The batch statistics' local changes ride with the pushed gradients.
   reads = (*BASE_READS, "outer.batch_stats")
 

@@ -70,7 +70,14 @@ class SyncSGD(Rule):
     updates, center_opt = self.inner.update(mean(sent), state.center_opt, params)
     center = model_state.with_trainable(state.center, optax.apply_updates(params, updates))
     if model_state.has_stats(center):
-      center = dict(center, **{model_state.STATS: mean(aux[model_state.STATS])})
+      # The statistics ride in the same message, compressed alike.
+      stats = exchange.compress_workers(
+        aux[model_state.STATS],
+        self.hyper.exchange_dtype,
+        jax.random.fold_in(exchange_key(state), 1),
+        local_workers(state.worker_steps.shape[0]),
+      )
+      center = dict(center, **{model_state.STATS: mean(stats)})
     new_state = state.replace(
       step=state.step + 1,
       center=center,

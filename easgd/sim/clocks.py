@@ -41,10 +41,21 @@ class Clock(abc.ABC):
   """Yields the ticks of a run and keeps the run's totals; its state is saved
   with every checkpoint."""
 
-  def __init__(self, cluster: Cluster, num_workers: int, model_bytes: int, seed: int):
+  def __init__(
+    self,
+    cluster: Cluster,
+    num_workers: int,
+    model_bytes: float,
+    seed: int,
+    sent_bytes: float | None = None,
+  ):
+    """model_bytes: the size of a message either way (its time); sent_bytes: what a
+    worker's request carries (its count), model_bytes if None. A compressed
+    exchange (easgd.rules.exchange.sizes) sends less than it gets back."""
     self.cluster = cluster
     self.num_workers = num_workers
     self.model_bytes = model_bytes
+    self.sent_bytes = model_bytes if sent_bytes is None else sent_bytes
     self.seed = seed
     self.mean_step_times = cluster.mean_step_times(num_workers)
     self.time = 0.0
@@ -94,8 +105,8 @@ class SyncClock(Clock):
   A tick's time is that of the latest worker.
   """
 
-  def __init__(self, cluster, num_workers, model_bytes, seed, period: int):
-    super().__init__(cluster, num_workers, model_bytes, seed)
+  def __init__(self, cluster, num_workers, model_bytes, seed, period: int, sent_bytes=None):
+    super().__init__(cluster, num_workers, model_bytes, seed, sent_bytes)
     self.period = period
     self.steps = 0
     self._worker_time = np.zeros(num_workers)
@@ -157,8 +168,9 @@ class AsyncClock(Clock):
     period: int,
     policy: Policy,
     exchange_first: bool,
+    sent_bytes=None,
   ):
-    super().__init__(cluster, num_workers, model_bytes, seed)
+    super().__init__(cluster, num_workers, model_bytes, seed, sent_bytes)
     self.period = period
     self.policy = policy
     self.exchange_first = exchange_first
@@ -198,7 +210,7 @@ class AsyncClock(Clock):
 
   def _read(self, worker: int, time: float, op: OpKind, wait: float) -> None:
     staleness, self._missed[worker] = self._missed[worker], 0
-    self._ticks.emit(time, worker, self.exchange_first, op, staleness, wait, self.model_bytes)
+    self._ticks.emit(time, worker, self.exchange_first, op, staleness, wait, self.sent_bytes)
 
   def _written(self, worker: int) -> None:
     for other in range(self.num_workers):
