@@ -50,10 +50,14 @@ def _validate_sgd_group(group, prefix: str, name_field: str, names: tuple[str, .
     "must be in [0, 1)",
   )
   require(isinstance(group.nesterov, bool), f"{prefix}.nesterov", group.nesterov, "True or False")
+
+
+def _require_momentum_for_nesterov(nesterov: bool, momenta, prefix: str) -> None:
+  """SGD's Nesterov flag needs a momentum to act on (each model's, for the pipeline)."""
   require(
-    not group.nesterov or group.momentum > 0,
+    not nesterov or all(m > 0 for m in momenta),
     f"{prefix}.nesterov",
-    group.nesterov,
+    nesterov,
     f"Nesterov needs a momentum: {prefix}.momentum in (0, 1), or {prefix}.nesterov=False",
   )
 
@@ -77,6 +81,10 @@ def validate_optimizer(config: ml_collections.ConfigDict) -> None:
         "adamw has no momentum of SGD's (its first moment is optimizer.b1); "
         "set it to 0/False or use optimizer.name='sgd'",
       )
+  per_model = config.pipeline.per_model.momentum if config.algorithm == "pipeline" else ()
+  _require_momentum_for_nesterov(
+    optimizer.nesterov, per_model or (optimizer.momentum,), "optimizer"
+  )
   for field in ("b1", "b2"):
     value = optimizer[field]
     require(is_number(value) and 0 <= value < 1, f"optimizer.{field}", value, "must be in [0, 1)")
@@ -155,8 +163,25 @@ def validate_outer_optimizer(config: ml_collections.ConfigDict) -> None:
   outer = config.outer
   rule = RULES.get(config.algorithm)
   reads = rule.reads if rule is not None else ()
+  # A known name whoever reads it; a rule that does not read it has its own.
+  require(
+    outer.optimizer in optimizers.OUTER,
+    "outer.optimizer",
+    outer.optimizer,
+    f"valid: {', '.join(optimizers.OUTER)}",
+  )
+  if outer.optimizer != "sgd" and "outer.optimizer" not in reads and rule is not None:
+    takes = ", ".join(n for n, r in RULES.items() if "outer.optimizer" in r.reads)
+    require(
+      False,
+      "outer.optimizer",
+      outer.optimizer,
+      f"{rule.name} has no choice of outer optimizer (only sgd); rules with one: {takes}",
+    )
   if "outer.optimizer" in reads:
     _validate_sgd_group(outer, "outer", "optimizer", optimizers.OUTER)
+    if outer.optimizer == "sgd":
+      _require_momentum_for_nesterov(outer.nesterov, (outer.momentum,), "outer")
     if outer.optimizer == "adam":
       for field in ("momentum", "nesterov"):
         require(
@@ -206,8 +231,8 @@ def validate_rule_optimizer(config: ml_collections.ConfigDict) -> None:
     optimizer.name in rule.inner_optimizers,
     "optimizer.name",
     optimizer.name,
-    f"{rule.name} takes {', '.join(rule.inner_optimizers)} (its workers push gradients that "
-    f"the master's optimizer applies); rules that take {optimizer.name}: {takes}",
+    f"{rule.name} takes {', '.join(rule.inner_optimizers)} ({rule.inner_reason}); "
+    f"rules that take {optimizer.name}: {takes}",
   )
   momentum = optimizer.momentum
   if rule.momentum == Momentum.REQUIRED:

@@ -49,11 +49,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     "must be an integer in [0, 2**32)",
   )
   _validate_data(config.data)
+  _validate_run(config.run)  # before the schedule, which spans run.total_steps
   optimizer_checks.validate_optimizer(config)
   _validate_outer(config)
   optimizer_checks.validate_outer_optimizer(config)
   _validate_downpour(config.downpour)
-  _validate_run(config.run)
   validate_cluster(config.cluster, config.workers)
   _validate_device(config.device)
   if config.algorithm == schema.PIPELINE:

@@ -7,7 +7,7 @@ Trains each rule with its recipe (RECIPES below) on LeNet-5, 8 workers of
 batch 32, the default timing model, one run per rule and seed in
 <workdir>/<rule>/<dtype>/seed_<n> (finished runs are reused, so the study
 resumes). Then the two rules with the best accuracy at equal simulated time
-run again with each compressed exchange (bfloat16, int8). Writes
+among those float32 runs run again with each compressed exchange (bfloat16, int8). Writes
 docs/outer_table.md (means over the seeds) and docs/outer.png (center test
 accuracy against simulated seconds and against megabytes sent per worker).
 

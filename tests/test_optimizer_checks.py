@@ -75,6 +75,19 @@ BAD = [
     r"outer.pull='elastic' .*local_sgd pulls reset; rules that take elastic: sync_easgd",
   ),
   ({"outer.pull": "elastic", "algorithm": "sync_sgd"}, r"sync_sgd has no pull"),
+  (
+    {"algorithm": "lookahead", "outer.optimizer": "adam"},
+    r"outer.optimizer='adam' .*lookahead has no choice of outer optimizer \(only sgd\); .*diloco",
+  ),
+  ({"algorithm": "sync_sgd", "outer.optimizer": "adam"}, r"sync_sgd has no choice of outer"),
+  (
+    {
+      "algorithm": "pipeline",
+      "optimizer.nesterov": True,
+      "pipeline.per_model.momentum": (0.9, 0.0, 0.9, 0.9),
+    },
+    r"config.optimizer.nesterov=True .*Nesterov needs a momentum",
+  ),
   ({"outer.pull": "soft", **DILOCO}, r"outer.pull='soft' .*valid: '' \(the rule's own\)"),
   ({"outer.exchange_dtype": "float16"}, r"exchange_dtype='float16' .*float32, bfloat16, int8"),
   (
@@ -90,7 +103,7 @@ BAD = [
   ({"optimizer.eps": 0.0}, r"config.optimizer.eps=0.0 .*> 0"),
   (
     {**ADAMW, "algorithm": "sync_measgd"},
-    r"config.optimizer.name='adamw' .*sync_measgd is defined by its momentum SGD",
+    r"config.optimizer.name='adamw' .*sync_measgd takes sgd \(it is defined by its momentum SGD\)",
   ),
   (
     {"outer.optimizer": "adam", **DILOCO},
@@ -98,7 +111,7 @@ BAD = [
   ),
   (
     {"outer.optimizer": "adam", "outer.momentum": 0.0, "outer.nesterov": True, **DILOCO},
-    r"config.outer.nesterov=True is invalid: Nesterov needs a momentum",
+    r"config.outer.nesterov=True .*adam outer optimizer has moments of its own",
   ),
   # A reset rule reads no alpha; an elastic pull does.
   ({"outer.pull": "elastic", "outer.moving_rate": 1.0, **DILOCO}, r"moving_rate=1.0 .*\(0, 1\)"),
@@ -119,13 +132,17 @@ def test_bad_optimizer_settings_are_named_in_one_line(overrides, message):
     {**DILOCO, **ADAMW, "outer.pull": "elastic"},
     {**DILOCO, "outer.pull": "elastic", "outer.moving_rate": 0.05},
     {**DILOCO, "outer.optimizer": "adam", "outer.momentum": 0.0, "outer.nesterov": False},
-    {"algorithm": "sync_sgd", "outer.optimizer": "adam"},  # sync_sgd reads no outer optimizer
     {"algorithm": "local_sgd", "outer.pull": "reset"},
     {"algorithm": "lookahead", "workers": 1, "outer.learning_rate": 0.5},
     {"algorithm": "sync_measgd", "optimizer.momentum": 0.9, "optimizer.nesterov": True},
     {"algorithm": "sync_easgd", **ADAMW, **COSINE, "optimizer.warmup_steps": 50},
     {"algorithm": "async_easgd", **STEP, "optimizer.warmup_steps": 10},
     {"algorithm": "downpour", "outer.exchange_dtype": "int8"},
+    {
+      "algorithm": "pipeline",
+      "optimizer.nesterov": True,
+      "pipeline.per_model.momentum": (0.9,) * 4,
+    },
     {"algorithm": "sync_sgd", "outer.exchange_dtype": "bfloat16", "optimizer.momentum": 0.9},
   ],
 )

@@ -42,7 +42,12 @@ def model_hparams(config: ml_collections.ConfigDict, values: dict, m: int) -> di
     for field, value in schema.hparams_of(config).items()
     if not field.startswith("pipeline.per_model.")
   }
-  return shared | {source: values[field][m] for field, source in programs.PER_MODEL_SOURCE.items()}
+  own = {
+    source: values[field][m]
+    for field, source in programs.PER_MODEL_SOURCE.items()
+    if source == "seed" or schema.shapes_trajectory(source, schema.PIPELINE, config.optimizer)
+  }
+  return shared | own
 
 
 def _by_model(slot_values: np.ndarray, slot_models: np.ndarray) -> np.ndarray:

@@ -145,7 +145,7 @@ class Hyper:
       convert = field.metadata["convert"]
       values[field.name] = convert(value) if convert else value
     hyper = cls(**values)
-    if not hyper.moving_rate:
+    if not hyper.moving_rate and hyper.num_workers > 0:
       # 0 asks for the EASGD authors' beta = P*alpha = 0.9.
       hyper = dataclasses.replace(hyper, moving_rate=DEFAULT_BETA / hyper.num_workers)
     return hyper
@@ -280,6 +280,7 @@ class Rule(abc.ABC):
   reads: ClassVar[tuple[str, ...]] = BASE_READS
   pulls: ClassVar[tuple[str, ...]] = ()
   inner_optimizers: ClassVar[tuple[str, ...]] = optimizers.INNER
+  inner_reason: ClassVar[str] = ""  # why, when it is not every one
 
   @classmethod
   def parameter_server(cls) -> bool:

@@ -211,6 +211,8 @@ class SyncMEASGD(SyncEASGD):
 
   name = "sync_measgd"
   momentum = Momentum.REQUIRED
+  inner_optimizers = ("sgd",)
+  inner_reason = "it is defined by its momentum SGD"
 
 
 class DiLoCo(CenterRule):

@@ -293,6 +293,8 @@ class AsyncMEASGD(ParameterServerRule):
   elastic = True
   pulls = (Pull.ELASTIC,)
   momentum = Momentum.REQUIRED
+  inner_optimizers = ("sgd",)
+  inner_reason = "it is defined by its momentum SGD"
   nesterov = True
   reads = (*BASE_READS, *ELASTIC_READS)
 
@@ -319,6 +321,7 @@ class AsyncSGD(ParameterServerRule):
   # The workers push gradients that the master's own optimizer applies: an
   # adaptive inner optimizer would shape only the local steps the fetch overwrites.
   inner_optimizers = ("sgd",)
+  inner_reason = "its workers push gradients that the master's optimizer applies"
   # The batch statistics' local changes ride with the pushed gradients.
   reads = (*BASE_READS, "outer.batch_stats")
 
