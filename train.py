@@ -19,7 +19,9 @@ from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged
 from easgd.infra import distributed, sharding
 
 _CONFIG = cli.define_config(cli.packaged_config("default.py"))
-_WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Where events and checkpoints go.")
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Where events and checkpoints go (default: runs/<config.algorithm>)."
+)
 
 
 def _quiet_orbax(record) -> bool:
@@ -33,7 +35,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   config = cli.config_value(_CONFIG)
-  cli.check_workdir(_WORKDIR.value)
+  # One run per algorithm unless told: trying another rule does not meet the
+  # last one's checkpoint.
+  workdir = _WORKDIR.value if _WORKDIR.value is not None else f"runs/{config.algorithm}"
+  cli.check_workdir(workdir)
   try:
     validation.validate(config)
     processes = distributed.requested_processes()
@@ -47,7 +52,7 @@ def main(argv):
       )
     distributed.initialize(processes)
     sharding.configure_cpu_devices(devices // processes)
-    result = trainer.train_and_evaluate(config, _WORKDIR.value)
+    result = trainer.train_and_evaluate(config, workdir)
   except ConfigError as error:
     cli.fail(str(error))
   except CheckpointUnreadable as error:
