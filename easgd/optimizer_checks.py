@@ -62,6 +62,12 @@ def _require_momentum_for_nesterov(nesterov: bool, momenta, prefix: str) -> None
   )
 
 
+def _require_no_sgd_momentum(group, prefix: str, allowed: str) -> None:
+  """An Adam-family optimizer: SGD's momentum and Nesterov flag must be off."""
+  for field in ("momentum", "nesterov"):
+    require(not group[field], f"{prefix}.{field}", group[field], allowed)
+
+
 def validate_optimizer(config: ml_collections.ConfigDict) -> None:
   """The inner optimizer and its schedule, for any algorithm."""
   optimizer, total = config.optimizer, config.run.total_steps
@@ -73,14 +79,12 @@ def validate_optimizer(config: ml_collections.ConfigDict) -> None:
     "must be a finite number >= 0",
   )
   if optimizer.name == "adamw":
-    for field in ("momentum", "nesterov"):
-      require(
-        not optimizer[field],
-        f"optimizer.{field}",
-        optimizer[field],
-        "adamw has no momentum of SGD's (its first moment is optimizer.b1); "
-        "set it to 0/False or use optimizer.name='sgd'",
-      )
+    _require_no_sgd_momentum(
+      optimizer,
+      "optimizer",
+      "adamw has no momentum of SGD's (its first moment is optimizer.b1); "
+      "set it to 0/False or use optimizer.name='sgd'",
+    )
   per_model = config.pipeline.per_model.momentum if config.algorithm == "pipeline" else ()
   _require_momentum_for_nesterov(
     optimizer.nesterov, per_model or (optimizer.momentum,), "optimizer"
@@ -170,10 +174,10 @@ def validate_outer_optimizer(config: ml_collections.ConfigDict) -> None:
     outer.optimizer,
     f"valid: {', '.join(optimizers.OUTER)}",
   )
-  if outer.optimizer != "sgd" and "outer.optimizer" not in reads and rule is not None:
+  if rule is not None and "outer.optimizer" not in reads:
     takes = ", ".join(n for n, r in RULES.items() if "outer.optimizer" in r.reads)
     require(
-      False,
+      outer.optimizer == "sgd",
       "outer.optimizer",
       outer.optimizer,
       f"{rule.name} has no choice of outer optimizer (only sgd); rules with one: {takes}",
@@ -183,14 +187,12 @@ def validate_outer_optimizer(config: ml_collections.ConfigDict) -> None:
     if outer.optimizer == "sgd":
       _require_momentum_for_nesterov(outer.nesterov, (outer.momentum,), "outer")
     if outer.optimizer == "adam":
-      for field in ("momentum", "nesterov"):
-        require(
-          not outer[field],
-          f"outer.{field}",
-          outer[field],
-          "the adam outer optimizer has moments of its own: set outer.momentum=0 and "
-          "outer.nesterov=False",
-        )
+      _require_no_sgd_momentum(
+        outer,
+        "outer",
+        "the adam outer optimizer has moments of its own: set outer.momentum=0 and "
+        "outer.nesterov=False",
+      )
   elif "outer.learning_rate" in reads:
     require(
       is_number(outer.learning_rate) and outer.learning_rate > 0,

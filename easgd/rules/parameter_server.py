@@ -259,56 +259,47 @@ class ParameterServerRule(Rule):
     return new_state, metrics
 
 
-class OriginalEASGD(ParameterServerRule):
+class ElasticMaster(ParameterServerRule):
+  """The EASGD family at a master: elastic exchanges, any inner optimizer.
+  Subclasses set `name` and `policy`."""
+
+  elastic = True
+  pulls = (Pull.ELASTIC,)
+  momentum = Momentum.OPTIONAL
+  nesterov = True
+  reads = (*BASE_READS, *ELASTIC_READS)
+
+
+class OriginalEASGD(ElasticMaster):
   """EASGD with a round-robin master (SC17's baseline): worker i's k-th exchange is
   served after worker i-1's k-th, so later workers see the center as moved by earlier ones."""
 
   name = "original_easgd"
   policy = clocks.Policy.ROUND_ROBIN
-  elastic = True
-  pulls = (Pull.ELASTIC,)
-  momentum = Momentum.OPTIONAL
-  nesterov = True
-  reads = (*BASE_READS, *ELASTIC_READS)
 
 
-class AsyncEASGD(ParameterServerRule):
+class AsyncEASGD(ElasticMaster):
   """Asynchronous EASGD: exchanges served first come, first served under a lock."""
 
   name = "async_easgd"
   policy = clocks.Policy.FCFS
-  elastic = True
-  pulls = (Pull.ELASTIC,)
-  momentum = Momentum.OPTIONAL
-  nesterov = True
-  reads = (*BASE_READS, *ELASTIC_READS)
 
 
-class AsyncMEASGD(ParameterServerRule):
+class AsyncMEASGD(AsyncEASGD):
   """Async EASGD whose inner SGD must have momentum, as sync_measgd's:
   m_i <- mu*m_i + g_i;  x_i <- x_i - eta_t*m_i [- alpha*(x_i - x~) on exchange steps]."""
 
   name = "async_measgd"
-  policy = clocks.Policy.FCFS
-  elastic = True
-  pulls = (Pull.ELASTIC,)
   momentum = Momentum.REQUIRED
   inner_optimizers = ("sgd",)
   inner_reason = "it is defined by its momentum SGD"
-  nesterov = True
-  reads = (*BASE_READS, *ELASTIC_READS)
 
 
-class HogwildEASGD(ParameterServerRule):
+class HogwildEASGD(ElasticMaster):
   """EASGD without a lock at the master: overlapping exchanges read the same x~."""
 
   name = "hogwild_easgd"
   policy = clocks.Policy.HOGWILD
-  elastic = True
-  pulls = (Pull.ELASTIC,)
-  momentum = Momentum.OPTIONAL
-  nesterov = True
-  reads = (*BASE_READS, *ELASTIC_READS)
 
 
 class AsyncSGD(ParameterServerRule):
