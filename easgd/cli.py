@@ -11,6 +11,16 @@ from absl import flags
 from ml_collections import config_flags
 
 from easgd import schema
+from easgd.arguments import check_workdir, fail
+
+__all__ = [
+  "check_workdir",
+  "config_value",
+  "define_config",
+  "fail",
+  "packaged_config",
+  "parse_flags",
+]
 
 
 def _config_field_error(error: Exception):
@@ -24,33 +34,6 @@ def _config_field_error(error: Exception):
         fail(schema.hint(field))
   overrides = " ".join(arg for arg in sys.argv[1:] if arg.startswith("--config."))
   fail(f"unknown config field in {overrides}")
-
-
-def fail(message: str, code: int = 2):
-  """Prints `error: message` and exits with `code`."""
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(code)
-
-
-def check_workdir(path: str, flag: str = "--workdir") -> None:
-  """One line and exit 2 unless `path` is a directory this process can create or write.
-
-  Checked before anything is compiled or written: an empty path, a path that
-  is a file or lies under one, and one in a directory this process may not
-  write to are refused.
-  """
-  if not path:
-    fail(f"{flag} is empty: give the directory for the run's events and checkpoints")
-  absolute = os.path.abspath(path)
-  if os.path.exists(absolute) and not os.path.isdir(absolute):
-    fail(f"{flag}={path!r} is not a directory")
-  existing = absolute
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
-    fail(f"{flag}={path!r} lies under {existing!r}, which is a file, not a directory")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    fail(f"{flag}={path!r} cannot be written: {existing!r} is not writable by this user")
 
 
 def packaged_config(name: str) -> str:

@@ -25,6 +25,8 @@ import sys
 import threading
 import time
 
+from easgd import arguments
+
 _POLL_SECONDS = 0.1
 
 
@@ -113,27 +115,31 @@ def launch(processes: int, command: list[str], port: int, grace: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(
+  parser = arguments.ArgumentParser(
     prog="python -m easgd.launch",
     description="Runs a training command as N jax.distributed processes on this machine.",
   )
-  parser.add_argument("--processes", type=int, required=True, help="number of processes (>= 1)")
-  parser.add_argument("--port", type=int, default=0, help="coordinator port (0: a free one)")
+  parser.add_argument(
+    "--processes", type=arguments.integer(1), required=True, help="number of processes (>= 1)"
+  )
+  parser.add_argument(
+    "--port", type=arguments.integer(0), default=0, help="coordinator port (0: a free one)"
+  )
   parser.add_argument(
     "--grace",
-    type=float,
+    type=arguments.number(0),
     default=30.0,
     help="seconds the others get to stop on their own after one is lost",
   )
   parser.add_argument("command", nargs=argparse.REMAINDER, help="-- script.py [its flags]")
   args = parser.parse_args(argv)
   command = args.command[1:] if args.command[:1] == ["--"] else args.command
-  if args.processes < 1:
-    parser.exit(2, f"error: --processes={args.processes} is invalid: must be >= 1\n")
+  if args.port > 65535:
+    parser.error(f"argument --port: {args.port} is invalid: must be a port in [0, 65535]")
   if not command:
-    parser.exit(2, "error: no command given: python -m easgd.launch --processes N -- train.py\n")
+    arguments.fail("no command given: python -m easgd.launch --processes N -- train.py")
   if not os.path.isfile(command[0]):
-    parser.exit(2, f"error: {command[0]!r} is not a file: the command is a Python script\n")
+    arguments.fail(f"{command[0]!r} is not a file: the command is a Python script")
   return launch(args.processes, command, args.port, args.grace)
 
 

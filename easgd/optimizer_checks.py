@@ -182,8 +182,9 @@ def validate_outer_optimizer(config: ml_collections.ConfigDict) -> None:
       outer.optimizer,
       f"{rule.name} has no choice of outer optimizer (only sgd); rules with one: {takes}",
     )
+  # Its values in range whoever reads them: a typo is caught before it matters.
+  _validate_sgd_group(outer, "outer", "optimizer", optimizers.OUTER)
   if "outer.optimizer" in reads:
-    _validate_sgd_group(outer, "outer", "optimizer", optimizers.OUTER)
     if outer.optimizer == "sgd":
       _require_momentum_for_nesterov(outer.nesterov, (outer.momentum,), "outer")
     if outer.optimizer == "adam":
@@ -193,13 +194,6 @@ def validate_outer_optimizer(config: ml_collections.ConfigDict) -> None:
         "the adam outer optimizer has moments of its own: set outer.momentum=0 and "
         "outer.nesterov=False",
       )
-  elif "outer.learning_rate" in reads:
-    require(
-      is_number(outer.learning_rate) and outer.learning_rate > 0,
-      "outer.learning_rate",
-      outer.learning_rate,
-      "must be a finite number > 0",
-    )
   require(
     outer.pull in PULLS, "outer.pull", outer.pull, "valid: '' (the rule's own), elastic, reset"
   )

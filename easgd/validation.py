@@ -5,6 +5,7 @@ declarations); which fields may change on resume from `easgd.schema`.
 """
 
 import math
+import os
 
 import ml_collections
 
@@ -56,6 +57,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _validate_downpour(config.downpour)
   validate_cluster(config.cluster, config.workers)
   _validate_device(config.device)
+  _validate_pipeline_counts(config.pipeline)
   if config.algorithm == schema.PIPELINE:
     _validate_pipeline(config)
   else:
@@ -151,6 +153,13 @@ def _validate_run(run: ml_collections.ConfigDict) -> None:
     "must be an integer >= 1, or 0 for the default (README, 'Configuring runs')",
   )
   _require(isinstance(run.data_dir, str), "run.data_dir", run.data_dir, "must be a path or ''")
+  # Read, never written: it must be there (TFDS prepares datasets into it beforehand).
+  _require(
+    not run.data_dir or os.path.isdir(os.path.expanduser(run.data_dir)),
+    "run.data_dir",
+    run.data_dir,
+    "is not a directory: give the directory TFDS prepared the dataset in, or '' for TFDS's default",
+  )
 
 
 def _validate_device(device: ml_collections.ConfigDict) -> None:
@@ -175,16 +184,26 @@ def _require_spread(config: ml_collections.ConfigDict, field: str) -> None:
   )
 
 
-def _validate_pipeline(config: ml_collections.ConfigDict) -> None:
-  pipeline = config.pipeline
-  models = pipeline.models
-  _require_spread(config, "pipeline.models")
+def _validate_pipeline_counts(pipeline: ml_collections.ConfigDict) -> None:
+  """In range whatever the algorithm: a typo is caught before it matters."""
+  _require(
+    _is_int(pipeline.models) and pipeline.models >= 1,
+    "pipeline.models",
+    pipeline.models,
+    "must be an integer >= 1",
+  )
   _require(
     _is_int(pipeline.stage_steps) and pipeline.stage_steps >= 1,
     "pipeline.stage_steps",
     pipeline.stage_steps,
     "must be an integer >= 1 (steps on one partition before the models move)",
   )
+
+
+def _validate_pipeline(config: ml_collections.ConfigDict) -> None:
+  pipeline = config.pipeline
+  models = pipeline.models
+  _require_spread(config, "pipeline.models")
   checks = {
     "learning_rate": (lambda v: _is_number(v) and v > 0, "every value must be > 0"),
     "momentum": (lambda v: _is_number(v) and 0 <= v < 1, "every value must be in [0, 1)"),

@@ -21,7 +21,6 @@ mu = 0.9 with learning rate 0.005 (the same eta / (1 - mu)); elastic rules
 tau = 4 and alpha = 0.9 / 8; Downpour n_sync = 4 with an SGD master.
 """
 
-import argparse
 import ast
 import logging
 import os
@@ -38,7 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
 
-from easgd import rules, schema, trainer, validation  # noqa: E402
+from easgd import arguments, rules, schema, trainer, validation  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.errors import ConfigError  # noqa: E402
 from easgd.infra import checkpoint  # noqa: E402
@@ -213,10 +212,10 @@ def plot(all_scalars, path, title):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--total_steps", type=int, default=600)
-  parser.add_argument("--seeds", type=int, default=3)
+  parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
+  parser.add_argument("--total_steps", type=arguments.integer(1), default=600)
+  parser.add_argument("--seeds", type=arguments.integer(1), default=3)
   # The elastic and gradient-pushing rules, synchronous and asynchronous; the reset
   # rules of the center family have their own study (studies/outer.py).
   compared = [n for n in rules.names() if rules.Pull.RESET not in rules.RULES[n].pulls]
@@ -225,7 +224,11 @@ def main():
     "--set", action="append", default=[], metavar="FIELD=VALUE", help="a config override"
   )
   parser.add_argument("--name", default="asynchrony")
-  parser.add_argument("--docs", default=os.path.join(os.path.dirname(__file__), "..", "docs"))
+  parser.add_argument(
+    "--docs",
+    type=arguments.directory("--docs"),
+    default=os.path.join(os.path.dirname(__file__), "..", "docs"),
+  )
   args = parser.parse_args()
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger("absl").setLevel(logging.WARNING)
@@ -249,7 +252,7 @@ def main():
           validation.check_resumable(saved, config, workdir)
         runs[rule, seed] = config, workdir, saved
   except (ValueError, TypeError) as error:
-    sys.exit(f"error: {error}")
+    arguments.fail(str(error))
 
   all_runs = {rule: [] for rule in chosen}
   for (rule, seed), (config, workdir, saved) in runs.items():

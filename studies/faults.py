@@ -11,7 +11,6 @@ random moment (seeded) after the first checkpoint, so some fall during a
 save. Writes docs/faults_table.md.
 """
 
-import argparse
 import os
 import random
 import re
@@ -23,7 +22,7 @@ import time
 
 import numpy as np
 
-from easgd import rules, schema
+from easgd import arguments, rules, schema
 from easgd.sim.clocks import Policy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -220,20 +219,15 @@ FAULTS = [
 MARKER = ".faults-study"
 
 
-def _refuse(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
-
-
 def fresh_workdir(workdir: str) -> None:
   """Makes `workdir` empty: creates it, or clears one that an earlier run of this
   study made (it holds MARKER). Anything else that is there and not empty is
   refused with one line and exit 2, and nothing is deleted."""
   if os.path.lexists(workdir) and not os.path.isdir(workdir):
-    _refuse(f"--workdir {workdir!r} is not a directory")
+    arguments.fail(f"--workdir {workdir!r} is not a directory")
   if os.path.isdir(workdir) and os.listdir(workdir):
     if not os.path.isfile(os.path.join(workdir, MARKER)):
-      _refuse(
+      arguments.fail(
         f"--workdir {workdir!r} is not empty and was not made by this study "
         f"(it has no {MARKER}); give a new or empty directory"
       )
@@ -244,11 +238,15 @@ def fresh_workdir(workdir: str) -> None:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", default="runs/faults")
-  parser.add_argument("--trials", type=int, default=3)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default=os.path.join(REPO, "docs", "faults_table.md"))
+  parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workdir", default="runs/faults", type=arguments.directory("--workdir"))
+  parser.add_argument("--trials", type=arguments.integer(1), default=3)
+  parser.add_argument("--seed", type=arguments.integer(0), default=0)
+  parser.add_argument(
+    "--out",
+    type=arguments.output_file("--out"),
+    default=os.path.join(REPO, "docs", "faults_table.md"),
+  )
   args = parser.parse_args()
   rng = random.Random(args.seed)
   workdir_arg, args.workdir = args.workdir, os.path.abspath(args.workdir)

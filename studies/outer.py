@@ -17,7 +17,6 @@ the most frugal of them sent: each rule's last evaluation (every 25 steps)
 within that budget.
 """
 
-import argparse
 import os
 import sys
 
@@ -25,7 +24,7 @@ import asynchrony  # the sibling study's run and curve helpers (sets 8 CPU devic
 import matplotlib.pyplot as plt
 from absl import logging as absl_logging
 
-from easgd import rules, trainer, validation
+from easgd import arguments, rules, trainer, validation
 from easgd.configs import default
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint
@@ -156,13 +155,17 @@ def plot(results, path, title):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--total_steps", type=int, default=400)
-  parser.add_argument("--seeds", type=int, default=3)
+  parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
+  parser.add_argument("--total_steps", type=arguments.integer(1), default=400)
+  parser.add_argument("--seeds", type=arguments.integer(1), default=3)
   parser.add_argument("--rules", default=",".join(RULES), help="comma-separated rules")
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
-  parser.add_argument("--docs", default=os.path.join(os.path.dirname(__file__), "..", "docs"))
+  parser.add_argument(
+    "--docs",
+    type=arguments.directory("--docs"),
+    default=os.path.join(os.path.dirname(__file__), "..", "docs"),
+  )
   args = parser.parse_args()
   absl_logging.set_verbosity(absl_logging.WARNING)
   chosen = args.rules.split(",")
@@ -180,7 +183,7 @@ def main():
       for dtype in ("float32", *DTYPES):
         check(args, rule, dtype, overrides)
   except (ValueError, TypeError) as error:
-    sys.exit(f"error: {error}")
+    arguments.fail(str(error))
 
   results = {}
   for rule in chosen:

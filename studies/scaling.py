@@ -23,7 +23,6 @@ Writes docs/scaling_tables.md and docs/scaling.png. Its parts:
             round-robin master, with the bandwidths stated in the table.
 """
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -41,7 +40,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-from easgd import models, rules, steps, sweep, trainer  # noqa: E402
+from easgd import arguments, models, rules, steps, sweep, trainer  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.data import datasets  # noqa: E402
 from easgd.errors import TrainingDiverged  # noqa: E402
@@ -314,16 +313,21 @@ def sc17_lines(rows: dict) -> list[str]:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", default="runs/scaling")
+  parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workdir", default="runs/scaling", type=arguments.directory("--workdir"))
   parser.add_argument("--parts", default="model,measured,accuracy,sc17")
-  parser.add_argument("--out", default="docs", help="where the table and the plot go")
+  parser.add_argument(
+    "--out",
+    type=arguments.directory("--out"),
+    default="docs",
+    help="where the table and the plot go",
+  )
   args = parser.parse_args()
   parts = set(args.parts.split(","))
   unknown = parts - {"model", "measured", "accuracy", "sc17"}
   if unknown:
-    sys.exit(
-      f"error: --parts {','.join(sorted(unknown))} unknown; valid: model, measured, accuracy, sc17"
+    arguments.fail(
+      f"--parts {','.join(sorted(unknown))} unknown; valid: model, measured, accuracy, sc17"
     )
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger("absl").setLevel(logging.WARNING)

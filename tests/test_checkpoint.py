@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from easgd import trainer
-from easgd.errors import ConfigError
+from easgd.errors import ConfigError, TrainingDiverged
 from easgd.infra import checkpoint
-from runs import read_state, small_config, steps_saved
+from easgd.rules import TrainState
+from runs import config_with, read_state, small_config, steps_saved
 
 
 def test_fingerprint_changes_with_any_word_and_with_a_swap():
@@ -23,6 +24,37 @@ def test_fingerprint_changes_with_any_word_and_with_a_swap():
   swapped = {**tree, "b": jnp.array([2, 1], jnp.int32)}
   assert np.asarray(checkpoint.fingerprint(swapped))[1] != base[1]
   assert np.array_equal(np.asarray(checkpoint.fingerprint(tree)), base)
+
+
+def _state(step, worker_value):
+  return TrainState(
+    step=jnp.array(step, jnp.int32),
+    rng=jnp.zeros(2, jnp.uint32),
+    center={"w": jnp.ones(3)},
+    center_opt=(),
+    workers={"w": jnp.array([[1.0, 2.0, 3.0], [1.0, worker_value, 3.0]])},
+    worker_opt=(),
+    worker_steps=jnp.zeros(2, jnp.int32),
+  )
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_state_that_is_not_finite_is_never_saved(tmp_path, bad):
+  checkpointer = checkpoint.Checkpointer(str(tmp_path))
+  config = config_with()
+  checkpointer.save(_state(3, 2.0), {}, config)
+  refused = r"state after step 7 is not finite \(first in .*workers"
+  with pytest.raises(TrainingDiverged, match=refused):
+    checkpointer.save(_state(7, bad), {}, config)
+  checkpointer.close()
+  assert steps_saved(tmp_path) == [3]  # the last finite state stays the newest
+  assert os.listdir(tmp_path / "checkpoints") == ["3"]  # nothing half-written either
+
+
+def test_finite_slots_names_each_slot_that_is_not():
+  models = {"w": jnp.array([[1.0, np.nan], [1.0, 2.0], [3.0, 4.0]])}
+  tree = (models, jnp.array([[0.0], [1.0], [-np.inf]]))
+  assert np.asarray(checkpoint.finite_slots(tree)).tolist() == [False, True, False]
 
 
 # The tests below train and resume whole runs.

@@ -125,3 +125,21 @@ def test_metrics_are_fetched_with_a_bounded_lag():
   trainee.step = step
   loop.run(schedule(40, 0, 0, 0), trainee, 0, NoCheckpoints())
   assert max(lags) == loop.MAX_IN_FLIGHT and len(trainee.added) == 40
+
+
+def test_a_state_refused_at_a_checkpoint_stops_the_run_and_keeps_the_one_before():
+  class RefusesStep4(ScriptedTrainee):
+    def save(self):
+      if self.stepped == 4:
+        raise TrainingDiverged("the state after step 4 is not finite (first in state.center)")
+      super().save()
+
+  class Kept(NoCheckpoints):
+    def latest_step(self):
+      return 2
+
+  trainee = RefusesStep4([1.0] * 6)
+  kept = r"after step 4 is not finite .*; stopped, the checkpoint of step 2 is kept"
+  with pytest.raises(TrainingDiverged, match=kept):
+    loop.run(schedule(6, 0, 0, 2), trainee, 0, Kept())
+  assert ("save", 2) in trainee.calls and ("close",) in trainee.calls

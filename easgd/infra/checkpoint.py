@@ -6,7 +6,12 @@ the state of the timing model's clock, and the configuration that wrote it,
 so that a workdir is only resumed by the same run.
 
 A checkpoint also holds a fingerprint of its arrays, computed on the devices
-when it is written. Restoring recomputes it: a checkpoint that cannot be
+when it is written, in the same pass that checks that every float in the
+state is finite: a state that is not is never saved (TrainingDiverged names
+the step and the first such leaf), so the newest checkpoint is always the
+last finite state and a rerun does not resume into the divergence.
+
+Restoring recomputes the fingerprint: a checkpoint that cannot be
 read (a truncated file) or whose arrays differ from what was written (a
 flipped bit) is moved to <workdir>/corrupt_checkpoints/ with a warning, and
 the one before it is tried. Orbax writes a checkpoint into a temporary
@@ -20,12 +25,13 @@ import os
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from jax import lax
 from jax.experimental import multihost_utils
 
-from easgd.errors import CheckpointUnreadable, ConfigError
+from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged
 from easgd.rules import TrainState
 
 _FINGERPRINT = "fingerprint"
@@ -58,8 +64,41 @@ def fingerprint(tree) -> jax.Array:
   return jnp.stack([one(leaf) for leaf in jax.tree.leaves(tree)])
 
 
+@jax.jit
+def _fingerprint_and_finite(tree) -> tuple[jax.Array, jax.Array]:
+  """fingerprint(tree), and whether each leaf holds only finite numbers (integers always do)."""
+
+  def finite(leaf):
+    if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+      return jnp.array(True)
+    return jnp.all(jnp.isfinite(leaf))
+
+  return fingerprint(tree), jnp.stack([finite(leaf) for leaf in jax.tree.leaves(tree)])
+
+
+@jax.jit
+def finite_slots(tree) -> jax.Array:
+  """[M] bool: whether slot m of every leaf of `tree` (each stacked on a leading axis
+  of M slots) holds only finite numbers."""
+  leaves = [leaf for leaf in jax.tree.leaves(tree) if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+  flags = [jnp.isfinite(leaf).reshape(leaf.shape[0], -1).all(axis=1) for leaf in leaves]
+  return jnp.stack(flags).all(axis=0)
+
+
 def _fingerprint_list(tree) -> list[int]:
   return [int(word) for word in jax.device_get(fingerprint(tree))]
+
+
+def checked_fingerprint(tree, step: int) -> list[int]:
+  """fingerprint(tree) as ints; raises TrainingDiverged if a float in `tree` is not finite."""
+  words, finite = jax.device_get(_fingerprint_and_finite(tree))
+  if not finite.all():
+    paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(tree)]
+    first = paths[int(np.flatnonzero(~finite)[0])]
+    raise TrainingDiverged(
+      f"the state after step {step} is not finite (first in state{first}); it was not saved"
+    )
+  return [int(word) for word in words]
 
 
 def directory(workdir: str) -> str:
@@ -113,16 +152,26 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
-  def save(self, state: TrainState, clock: dict, config: ml_collections.ConfigDict) -> None:
-    """Saves the state, the clock's `state_dict()` and the configuration."""
+  def save(
+    self, state, clock: dict, config: ml_collections.ConfigDict, check_finite: bool = True
+  ) -> None:
+    """Saves the state, the clock's `state_dict()` and the configuration.
+
+    Raises TrainingDiverged, and writes nothing, if the state is not finite
+    (unless the caller checked it itself: `check_finite`=False).
+    """
     step = int(jax.device_get(state.step))
+    if check_finite:
+      words = checked_fingerprint(state, step)
+    else:
+      words = _fingerprint_list(state)
     self._manager.save(
       step,
       args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         clock=ocp.args.JsonSave(clock),
         config=ocp.args.JsonSave(config.to_dict()),
-        **{_FINGERPRINT: ocp.args.JsonSave(_fingerprint_list(state))},
+        **{_FINGERPRINT: ocp.args.JsonSave(words)},
       ),
     )
 
