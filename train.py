@@ -5,7 +5,9 @@ Config fields are overridden with --config.FIELD=VALUE; runs are written to
 processes join one run with --coordinator_address, --num_processes and
 --process_id (or a scheduler's environment; see easgd.infra.distributed and
 `python -m easgd.launch`). SIGTERM stops a run after its current step with a
-checkpoint (exit 0); the same command resumes it.
+checkpoint (exit 0); the same command resumes it. A process whose step,
+evaluation or checkpoint makes no progress for --step_timeout seconds stops
+with status 3 (easgd.infra.watchdog); the same command resumes it too.
 """
 
 import logging as std_logging
@@ -16,7 +18,7 @@ from absl import app, flags, logging
 
 from easgd import cli, schema, trainer, validation
 from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged
-from easgd.infra import distributed, sharding
+from easgd.infra import distributed, sharding, watchdog
 
 _CONFIG = cli.define_config(cli.packaged_config("default.py"))
 _WORKDIR = flags.DEFINE_string(
@@ -39,6 +41,9 @@ def main(argv):
   # last one's checkpoint.
   workdir = _WORKDIR.value if _WORKDIR.value is not None else f"runs/{config.algorithm}"
   cli.check_workdir(workdir)
+  problem = watchdog.check_timeout(watchdog.configured_timeout())
+  if problem:
+    cli.fail(problem)
   try:
     validation.validate(config)
     processes = distributed.requested_processes()
@@ -50,6 +55,8 @@ def main(argv):
       raise ConfigError(
         f"config.run.devices={devices} is invalid: must be a multiple of the {processes} processes"
       )
+    if config.deterministic_sums:
+      sharding.pin_cpu_threads(devices)
     distributed.initialize(processes)
     sharding.configure_cpu_devices(devices // processes)
     result = trainer.train_and_evaluate(config, workdir)

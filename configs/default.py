@@ -15,6 +15,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model = "lenet5"  # lenet5 | mlp | alexnet | resnet20 | vgg11
   config.workers = 8  # P; an array axis sharded over the devices
   config.seed = 0
+  # Sums over workers added in worker order after an all-gather, instead of an
+  # all-reduce in the layout's order: the same bits on every process and device
+  # layout of the same workers (bench/deterministic_sums.py measures the cost).
+  config.deterministic_sums = False
 
   # The data and each worker's batches.
   config.data = ml_collections.ConfigDict()

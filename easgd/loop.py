@@ -30,7 +30,7 @@ from jax.sharding import Mesh
 from easgd import evaluation, models, schema, steps, validation
 from easgd.data.datasets import Dataset, load_dataset
 from easgd.errors import TrainingDiverged
-from easgd.infra import checkpoint, preemption, sharding
+from easgd.infra import checkpoint, preemption, sharding, watchdog
 from easgd.rules import model_state
 
 # Programs queued without waiting for a result. More than about 32 queued
@@ -206,6 +206,8 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
       divergence.check(step, trainee.add(metrics, context))
 
   step = start
+  # Every phase below is watched: one that hangs stops the process (easgd.infra.watchdog).
+  dog = watchdog.Watchdog(watchdog.configured_timeout()).start()
   watch = preemption.PreemptionWatch()
   preempted, evaluated = False, False
   final: dict[str, float] = {}
@@ -213,43 +215,53 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
   resumed_at, train_seconds = time.perf_counter(), 0.0
   try:
     while step < total:
-      metrics, context = trainee.step()
-      step += 1
-      pending.append((step, metrics, context))
-      if len(pending) > MAX_IN_FLIGHT:
-        consume(1)
-      preempted = watch.should_stop(step)
+      with dog.phase("training step", step + 1):
+        metrics, context = trainee.step()
+        step += 1
+        pending.append((step, metrics, context))
+        if len(pending) > MAX_IN_FLIGHT:
+          consume(1)
+        # Every process answers here (multi-process: a collective agreement).
+        preempted = watch.should_stop(step)
       log_now = due(step, schedule.log_every, total)
       eval_now = due(step, schedule.eval_every, total)
       save_now = preempted or due(step, schedule.checkpoint_every, total)
       if not (log_now or eval_now or save_now):
         continue
-      consume(len(pending))
+      with dog.phase("training step", step):
+        consume(len(pending))
       train_seconds += time.perf_counter() - resumed_at
       if log_now:
-        final.update(trainee.log(step, train_seconds))
+        with dog.phase("log", step):
+          final.update(trainee.log(step, train_seconds))
         train_seconds = 0.0
       if eval_now:
-        final.update(trainee.evaluate(step))
+        with dog.phase("evaluation", step):
+          final.update(trainee.evaluate(step))
         evaluated = True
       # Every point logged so far is on disk before the checkpoint that covers
       # it is committed: a run killed after the checkpoint loses no history.
-      trainee.flush()
+      with dog.phase("event write", step):
+        trainee.flush()
       if save_now:
-        trainee.save()
+        with dog.phase("checkpoint", step):
+          trainee.save()
       if preempted:
         break
       resumed_at = time.perf_counter()
     if not preempted:  # a preempted run is not over: no final evaluation or HParams yet
       if not evaluated:
         # Resumed at or past total_steps: report the state as it is.
-        final.update(trainee.evaluate(step))
-      trainee.finish()
+        with dog.phase("evaluation", step):
+          final.update(trainee.evaluate(step))
+      with dog.phase("event write", step):
+        trainee.finish()
   except TrainingDiverged as error:
     last = checkpointer.latest_step()
     kept = f"the checkpoint of step {last} is kept" if last is not None else "no checkpoint"
     raise TrainingDiverged(f"{error}; stopped, {kept}") from None
   finally:
+    dog.close()
     watch.close()
     checkpointer.close()
     trainee.close()

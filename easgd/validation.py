@@ -49,6 +49,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     config.seed,
     "must be an integer in [0, 2**32)",
   )
+  _require(
+    isinstance(config.deterministic_sums, bool),
+    "deterministic_sums",
+    config.deterministic_sums,
+    "True or False",
+  )
   _validate_data(config.data)
   _validate_run(config.run)  # before the schedule, which spans run.total_steps
   optimizer_checks.validate_optimizer(config)

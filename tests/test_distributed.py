@@ -5,6 +5,7 @@ their checkpoints with the same run in this process on a mesh of 4 devices.
 """
 
 import os
+import shutil
 import signal
 import time
 
@@ -14,7 +15,7 @@ import pytest
 from easgd import launch as launcher
 from easgd.errors import ConfigError
 from easgd.infra import distributed
-from runs import launch, read_state, small_flags, steps_saved
+from runs import launch, read_state, small_flags, steps_saved, train
 
 # Whole runs, train.py or several processes: left out of the quick loop (-m 'not e2e').
 pytestmark = pytest.mark.e2e
@@ -134,6 +135,18 @@ def test_sync_easgd_preempted_over_two_processes_resumes_to_one_process_result(t
   for a, b in zip(got, expected, strict=True):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
+  # A host lost for good: the oldest checkpoint kept goes on with one process of
+  # 2 devices (two workers a device), restored into that layout's shardings. The
+  # all-reduce's order changed with the layout: equal to float rounding.
+  oldest = steps_saved(tmp_path)[0]
+  fewer = tmp_path / "fewer"
+  shutil.copytree(tmp_path / "checkpoints" / str(oldest), fewer / "checkpoints" / str(oldest))
+  alone = train(fewer, *flags, "--config.run.devices=2")
+  assert alone.wait(RUN_SECONDS) == 0, alone.tail()
+  assert f"resumed from the checkpoint of step {oldest}" in alone.output()
+  for a, b in zip(_final_leaves(fewer), expected, strict=True):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
 
 def test_describe_names_signals_and_exit_codes():
   assert launcher.describe(-signal.SIGKILL) == "killed by SIGKILL"
@@ -151,3 +164,27 @@ def test_the_process_count_comes_from_flags_or_the_scheduler():
     distributed.process_count("127.0.0.1:1234", 2, 2, {})
   with pytest.raises(ConfigError, match="--num_processes is needed"):
     distributed.process_count("", 0, -1, {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"})
+
+
+def test_lenet5_from_one_process_resumes_on_two_bit_for_bit(tmp_path):
+  """A run saved on 1 process x 4 devices resumes on 2 processes x 2 devices. With
+  deterministic_sums every sum over workers is added in worker order and XLA:CPU's
+  thread pool is sized by the run, not the process, so neither gloo nor a process
+  of fewer devices moves a bit: it ends equal to the run never stopped, on LeNet-5,
+  whose max-pool ties flip at the first changed bit. The checkpoint is restored
+  into the new layout's shardings; the clock and the data order go on unchanged.
+  """
+  flags = small_flags({"deterministic_sums": True, "model": "lenet5"}, algorithm="sync_easgd")
+  reference = tmp_path / "reference"
+  straight = train(reference, *flags)
+  assert straight.wait(RUN_SECONDS) == 0, straight.tail()
+  workdir = tmp_path / "run"
+  first = train(workdir, *flags, "--config.run.total_steps=20")
+  assert first.wait(RUN_SECONDS) == 0, first.tail()
+  resumed = launch(workdir, *flags)
+  assert resumed.wait(RUN_SECONDS) == 0, resumed.tail()
+  assert "resumed from the checkpoint of step 20" in resumed.output()
+  for a, b in zip(_final_leaves(workdir), _final_leaves(reference), strict=True):
+    assert a.dtype == b.dtype and np.array_equal(a, b)
+  clock = "checkpoints/40/clock/metadata"
+  assert (workdir / clock).read_text() == (reference / clock).read_text()

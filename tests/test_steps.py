@@ -65,6 +65,26 @@ def test_eight_workers_give_the_same_result_on_8_2_and_1_devices(algorithm, step
     np.testing.assert_allclose(metrics["loss"], reference_metrics["loss"], rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_devices", [8, 4, 2, 1])
+def test_a_sum_in_worker_order_is_the_same_bits_on_every_layout(num_devices):
+  """config.deterministic_sums: x_0 + x_1 + ... + x_7 in that order, on any mesh, equal to
+  NumPy's left-to-right float32 sum; the all-reduce's order is the layout's."""
+  terms = np.random.default_rng(0).standard_normal((8, 1000)).astype(np.float32) * 1e3
+  expected = terms[0]
+  for row in terms[1:]:
+    expected = expected + row
+  mesh = sharding.make_mesh(num_devices)
+  ordered = jax.jit(
+    jax.shard_map(
+      lambda x: rules.base.sum_over_workers(x, in_worker_order=True),
+      mesh=mesh,
+      in_specs=P(AXIS),
+      out_specs=P(),
+    )
+  )
+  assert np.array_equal(np.asarray(ordered(sharding.place(mesh, terms, P(AXIS)))), expected)
+
+
 def test_workers_see_different_batches():
   state, _ = _train(8, "sync_measgd", steps_count=1)
   first_layer = state.workers["fc1"]["kernel"]

@@ -7,6 +7,7 @@ same code runs when several processes join with `jax.distributed`.
 """
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -26,6 +27,24 @@ _WORKER_FIELDS = ("workers", "worker_opt", "worker_steps")
 def configure_cpu_devices(count: int) -> None:
   """Asks for `count` virtual CPU devices; must run before JAX starts its backends."""
   jax.config.update("jax_num_cpu_devices", count)
+
+
+# The environment variable that sizes XLA:CPU's thread pool in place of the
+# processor count (the CPU client reads it when it starts).
+CPU_THREADS_VARIABLE = "PJRT_NPROC"
+
+
+def pin_cpu_threads(run_devices: int) -> None:
+  """Sizes XLA:CPU's thread pool by the run, not by the process; before JAX starts.
+
+  The pool has as many threads as the larger of the processor count and the
+  process's devices, and a convolution splits its sums by the pool's size: a
+  process of 2 devices and one of 4 compute a convolution's last bits
+  differently. With the pool set to the run's device count D on every
+  process, the layouts of a run with the same workers a device compute the
+  same bits (config.deterministic_sums). A value the user set is kept.
+  """
+  os.environ.setdefault(CPU_THREADS_VARIABLE, str(run_devices))
 
 
 def make_mesh(num_devices: int) -> Mesh:

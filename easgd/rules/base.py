@@ -133,6 +133,8 @@ class Hyper:
   pull: str = _config("outer.pull", default="")  # "": the rule's own
   # What a worker's exchange message is sent as (easgd.rules.exchange).
   exchange_dtype: str = _config("outer.exchange_dtype", default="float32")
+  # Sums over workers added in worker order: the same bits on every layout.
+  deterministic_sums: bool = _config("deterministic_sums", default=False)
 
   @classmethod
   def from_config(cls, config) -> "Hyper":
@@ -171,9 +173,25 @@ def initial_state(rng, center, center_opt, workers, worker_opt, num_workers) -> 
   )
 
 
-def sum_over_workers(tree: Params) -> Params:
-  """sum_i tree_i over all P workers: a local sum, then one all-reduce."""
-  return jax.tree.map(lambda leaf: lax.psum(leaf.sum(axis=0), AXIS), tree)
+def sum_over_workers(tree: Params, in_worker_order: bool = False) -> Params:
+  """sum_i tree_i over all P workers (each leaf has a leading axis of local workers).
+
+  By default a local sum, then one all-reduce (`lax.psum`). The order of its
+  additions follows the layout (XLA's within a process, the collective
+  library's across processes), so the last bits of a sum may differ between
+  layouts of the same P. `in_worker_order` (config.deterministic_sums) adds
+  ((x_0 + x_1) + x_2) + ... + x_{P-1} on every device after an all-gather:
+  the same bits on every layout, for the bytes of an all-gather (each device
+  receives all P terms) and P-1 sequential additions.
+  """
+  if not in_worker_order:
+    return jax.tree.map(lambda leaf: lax.psum(leaf.sum(axis=0), AXIS), tree)
+
+  def ordered(leaf):
+    every = lax.all_gather(leaf, AXIS, tiled=True, to="invarying")  # [P, ...], worker order
+    return lax.fori_loop(1, every.shape[0], lambda i, total: total + every[i], every[0])
+
+  return jax.tree.map(ordered, tree)
 
 
 def local_workers(count: int) -> jax.Array:
@@ -191,14 +209,15 @@ EXCHANGE_STREAM = 2**31 - 1
 
 
 def step_metrics(
-  loss: jax.Array, aux: dict[str, jax.Array], num_workers: int, learning_rate: jax.Array
+  loss: jax.Array,
+  aux: dict[str, jax.Array],
+  hyper: "Hyper",
+  learning_rate: jax.Array,
 ) -> Metrics:
   """Mean over all workers of each worker's loss, accuracy and learning rate in force."""
-  return {
-    "loss": lax.psum(loss.sum(), AXIS) / num_workers,
-    "accuracy": lax.psum(aux["accuracy"].sum(), AXIS) / num_workers,
-    "learning_rate": lax.psum(learning_rate.sum(), AXIS) / num_workers,
-  }
+  values = {"loss": loss, "accuracy": aux["accuracy"], "learning_rate": learning_rate}
+  totals = sum_over_workers(values, hyper.deterministic_sums)
+  return {tag: total / hyper.num_workers for tag, total in totals.items()}
 
 
 def decayed(hyper: Hyper, grads: Params, at: Params) -> Params:

@@ -107,10 +107,11 @@ class CenterRule(Rule):
   def _move_center(self, center, center_opt, sent):
     """x~ and its optimizer state after an exchange whose messages are `sent` (x_i - x~)."""
     outer, count = self.outer(), self.hyper.num_workers
+    total = sum_over_workers(sent, self.hyper.deterministic_sums)
     if outer is None:
       alpha = self.hyper.moving_rate
-      return jax.tree.map(lambda c, s: c + alpha * s, center, sum_over_workers(sent)), center_opt
-    mean = jax.tree.map(lambda s: s / count, sum_over_workers(sent))
+      return jax.tree.map(lambda c, s: c + alpha * s, center, total), center_opt
+    mean = jax.tree.map(lambda s: s / count, total)
     delta = jax.tree.map(jnp.negative, model_state.trainable(mean))
     params = model_state.trainable(center)
     updates, center_opt = outer.update(delta, center_opt, params)
@@ -175,7 +176,7 @@ class CenterRule(Rule):
       worker_steps=state.worker_steps + 1,
     )
     learning_rate = self.learning_rate(state.worker_steps)
-    return new_state, step_metrics(loss, aux, self.hyper.num_workers, learning_rate)
+    return new_state, step_metrics(loss, aux, self.hyper, learning_rate)
 
   def worker_params(self, state):
     return state.workers

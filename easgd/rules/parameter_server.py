@@ -59,6 +59,7 @@ from easgd.rules.base import (
   initial_state,
   local_update,
   stack_workers,
+  sum_over_workers,
 )
 from easgd.sim import clocks, ticks
 
@@ -240,13 +241,21 @@ class ParameterServerRule(Rule):
     if updates is not None:
       workers = jax.tree.map(jnp.add, workers, updates)
     weight = stepping.astype(jnp.float32)
-    steps_taken = jnp.maximum(lax.psum(weight.sum(), AXIS), 1.0)
+    totals = sum_over_workers(
+      {
+        "steps": weight,
+        "loss": loss * weight,
+        "accuracy": accuracy * weight,
+        # Every worker's, stepping or not: the mean over workers of where each is.
+        "learning_rate": self.learning_rate(state.worker_steps),
+      },
+      self.hyper.deterministic_sums,
+    )
+    steps_taken = jnp.maximum(totals["steps"], 1.0)
     metrics = {
-      "loss": lax.psum((loss * weight).sum(), AXIS) / steps_taken,
-      "accuracy": lax.psum((accuracy * weight).sum(), AXIS) / steps_taken,
-      # Every worker's, stepping or not: the mean over workers of where each is.
-      "learning_rate": lax.psum(self.learning_rate(state.worker_steps).sum(), AXIS)
-      / self.hyper.num_workers,
+      "loss": totals["loss"] / steps_taken,
+      "accuracy": totals["accuracy"] / steps_taken,
+      "learning_rate": totals["learning_rate"] / self.hyper.num_workers,
     }
     new_state = state.replace(
       step=state.step + 1,

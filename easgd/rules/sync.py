@@ -58,7 +58,8 @@ class SyncSGD(Rule):
     )
 
     def mean(tree):
-      return jax.tree.map(lambda leaf: leaf / self.hyper.num_workers, sum_over_workers(tree))
+      total = sum_over_workers(tree, self.hyper.deterministic_sums)
+      return jax.tree.map(lambda leaf: leaf / self.hyper.num_workers, total)
 
     params = model_state.trainable(state.center)
     sent = exchange.compress_workers(
@@ -85,7 +86,7 @@ class SyncSGD(Rule):
       worker_steps=state.worker_steps + 1,
     )
     learning_rate = self.learning_rate(state.worker_steps)
-    return new_state, step_metrics(loss, aux, self.hyper.num_workers, learning_rate)
+    return new_state, step_metrics(loss, aux, self.hyper, learning_rate)
 
   def worker_params(self, state):
     # Every worker holds the shared x.
