@@ -16,8 +16,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.workers = 8  # P; an array axis sharded over the devices
   config.seed = 0
   # Sums over workers added in worker order after an all-gather, instead of an
-  # all-reduce in the layout's order: the same bits on every process and device
-  # layout of the same workers (bench/deterministic_sums.py measures the cost).
+  # all-reduce in the layout's order, and XLA:CPU's thread pool sized by the run:
+  # the same bits on every process layout with the same workers a device
+  # (README, "Layouts and bits"; bench/deterministic_sums.py measures the cost).
   config.deterministic_sums = False
 
   # The data and each worker's batches.

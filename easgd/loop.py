@@ -157,8 +157,9 @@ class Trainee(Protocol):
   def evaluate(self, step: int) -> dict[str, float]:
     """Writes and returns the evaluation scalars."""
 
-  def save(self) -> None:
-    """Checkpoints the state."""
+  def save(self, divergence: "Divergence") -> None:
+    """Checkpoints the state. A trainer whose state may hold a diverged model (the
+    pipeline) reports each model it finds not finite to `divergence`."""
 
   def finish(self) -> None:
     """At the end of a run that was not preempted: writes its HParams summary."""
@@ -172,7 +173,7 @@ def due(step: int, every: int, total: int) -> bool:
   return step == total or (every > 0 and step % every == 0)
 
 
-class _Divergence:
+class Divergence:
   """The divergence policy: report each model once; stop when all have diverged."""
 
   def __init__(self, num_models: int):
@@ -185,11 +186,22 @@ class _Divergence:
         self.diverged[int(model)] = (step, float(losses[model]))
         if self.num_models > 1:
           logging.warning("model %d diverged (loss %s) at step %d", model, losses[model], step)
+    self._stop_if_all(step)
+
+  def check_state(self, step: int, models) -> None:
+    """Models whose state is not finite after `step`, though their loss still was."""
+    for model in models:
+      if int(model) not in self.diverged:
+        self.diverged[int(model)] = (step, float("nan"))
+        logging.warning("model %d diverged: its state after step %d is not finite", model, step)
+    self._stop_if_all(step, what="state")
+
+  def _stop_if_all(self, step: int, what: str = "training loss") -> None:
     if len(self.diverged) == self.num_models:
       if self.num_models == 1:
         first, loss = self.diverged[0]
         raise TrainingDiverged(f"training loss became {loss} at step {first}")
-      raise TrainingDiverged(f"every model's training loss stopped being finite by step {step}")
+      raise TrainingDiverged(f"every model's {what} stopped being finite by step {step}")
 
 
 def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpointer) -> tuple:
@@ -197,7 +209,7 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
   schedule = config.run
   total = schedule.total_steps
   pending: collections.deque = collections.deque()
-  divergence = _Divergence(trainee.num_models)
+  divergence = Divergence(trainee.num_models)
 
   def consume(count: int) -> None:
     taken = [pending.popleft() for _ in range(count)]
@@ -228,7 +240,9 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
       save_now = preempted or due(step, schedule.checkpoint_every, total)
       if not (log_now or eval_now or save_now):
         continue
-      with dog.phase("training step", step):
+      # Waiting for the steps' results: where a step's execution (and a hung
+      # collective) is seen, as dispatching them returns at once.
+      with dog.phase("step results", step):
         consume(len(pending))
       train_seconds += time.perf_counter() - resumed_at
       if log_now:
@@ -245,7 +259,7 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
         trainee.flush()
       if save_now:
         with dog.phase("checkpoint", step):
-          trainee.save()
+          trainee.save(divergence)
       if preempted:
         break
       resumed_at = time.perf_counter()

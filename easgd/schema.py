@@ -75,6 +75,11 @@ MOVED = {
 }
 
 
+# Fields added since, with the value that computes what the versions before them
+# did: a checkpoint whose config lacks one was written under that value.
+EARLIER_VALUES = {"deterministic_sums": False}
+
+
 def hint(field: str) -> str:
   """One line for a config field that does not exist: its grouped name if it moved,
   else the closest fields there are."""
@@ -87,8 +92,9 @@ def hint(field: str) -> str:
 
 
 def grouped(saved: dict) -> dict:
-  """A flattened config of an earlier version under the grouped names."""
-  return {moved(field) or field: value for field, value in flatten(saved).items()}
+  """A flattened config of an earlier version under the grouped names, with the
+  EARLIER_VALUES of the fields it lacks."""
+  return EARLIER_VALUES | {moved(field) or field: value for field, value in flatten(saved).items()}
 
 
 def moved(field: str) -> str | None:

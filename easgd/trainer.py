@@ -139,7 +139,10 @@ class RuleTrainee:
     self.writer.scalars(step, values)
     return values
 
-  def save(self):
+  def save(self, divergence):
+    # One model: a state that is not finite stops the run from the checkpointer
+    # itself (TrainingDiverged), in the pass that computes its fingerprint.
+    del divergence
     self.setup.checkpointer.save(self.state, self.clock.state_dict(), self.setup.config)
 
   def finish(self):

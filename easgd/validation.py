@@ -55,6 +55,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     config.deterministic_sums,
     "True or False",
   )
+  _require(
+    _is_int(config.workers) and config.workers >= 1,
+    "workers",
+    config.workers,
+    "must be an integer >= 1",
+  )
   _validate_data(config.data)
   _validate_run(config.run)  # before the schedule, which spans run.total_steps
   optimizer_checks.validate_optimizer(config)
@@ -94,20 +100,17 @@ def _validate_outer(config: ml_collections.ConfigDict) -> None:
     f"valid: {', '.join(model_state.BATCH_STATS_CHOICES)} (BatchNorm statistics: "
     "averaged into the center like parameters, or kept by each worker)",
   )
-  rule = RULES.get(config.algorithm)
-  if rule is not None and (rule.elastic or rule.pulls):
-    # Only the rules with a center exchange read these: another rule ignores them.
-    tau = outer.comm_period
-    _require(_is_int(tau) and tau >= 1, "outer.comm_period", tau, "must be an integer >= 1")
+  # In range whoever reads them (the rules with a center): a typo is caught anyway.
+  tau = outer.comm_period
+  _require(_is_int(tau) and tau >= 1, "outer.comm_period", tau, "must be an integer >= 1")
   alpha = outer.moving_rate
-  if _elastic(config):
-    _require(
-      _is_number(alpha) and 0 <= alpha < 1,
-      "outer.moving_rate",
-      alpha,
-      "must be in (0, 1), or 0 for beta = workers*moving_rate = 0.9",
-    )
-  elif optimizer_checks.pull_in_force(config) == Pull.RESET:
+  _require(
+    _is_number(alpha) and 0 <= alpha < 1,
+    "outer.moving_rate",
+    alpha,
+    "must be in (0, 1), or 0 for beta = workers*moving_rate = 0.9",
+  )
+  if optimizer_checks.pull_in_force(config) == Pull.RESET:
     _require(
       alpha == 0,
       "outer.moving_rate",
@@ -159,9 +162,10 @@ def _validate_run(run: ml_collections.ConfigDict) -> None:
     "must be an integer >= 1, or 0 for the default (README, 'Configuring runs')",
   )
   _require(isinstance(run.data_dir, str), "run.data_dir", run.data_dir, "must be a path or ''")
-  # Read, never written: it must be there (TFDS prepares datasets into it beforehand).
+  # Read, never written: it must be there (TFDS prepares datasets into it
+  # beforehand). A remote one (gs://...) is TFDS's to find.
   _require(
-    not run.data_dir or os.path.isdir(os.path.expanduser(run.data_dir)),
+    not run.data_dir or "://" in run.data_dir or os.path.isdir(os.path.expanduser(run.data_dir)),
     "run.data_dir",
     run.data_dir,
     "is not a directory: give the directory TFDS prepared the dataset in, or '' for TFDS's default",
@@ -179,9 +183,8 @@ def _validate_device(device: ml_collections.ConfigDict) -> None:
 
 
 def _require_spread(config: ml_collections.ConfigDict, field: str) -> None:
-  """config.<field> (workers or pipeline.models) is >= 1 and run.devices divides it."""
+  """run.devices divides config.<field> (workers or pipeline.models, checked >= 1 already)."""
   count, devices = schema.lookup(config, field), config.run.devices
-  _require(_is_int(count) and count >= 1, field, count, "must be an integer >= 1")
   _require(
     devices == 0 or count % devices == 0,
     "run.devices",

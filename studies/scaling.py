@@ -331,6 +331,7 @@ def main():
     )
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger("absl").setLevel(logging.WARNING)
+  os.makedirs(args.out, exist_ok=True)
   command = "python studies/scaling.py " + " ".join(sys.argv[1:])
   lines = [f"Made by `{command}`.", ""]
   table = model_scaling() if "model" in parts else {}

@@ -12,9 +12,11 @@ import os
 
 import pytest
 
-from easgd import arguments, launch, validation
+from easgd import arguments, launch, rules, validation
 from easgd.errors import ConfigError
 from runs import config_with
+
+REQUIRED = rules.Momentum.REQUIRED
 
 
 def _integer(value) -> bool:
@@ -46,7 +48,8 @@ FIELDS = {
   "run.eval_every": (integer_at_least(0), {}),
   "run.checkpoint_every": (integer_at_least(0), {}),
   "run.log_every": (integer_at_least(0), {}),
-  "run.devices": (integer_at_least(0), {}),
+  # 0 picks a default; else it must divide the default 8 workers.
+  "run.devices": (lambda v: _integer(v) and v >= 0 and (v == 0 or 8 % v == 0), {}),
   "outer.comm_period": (integer_at_least(1), {}),
   # beta = workers * moving_rate < 1 with the default 8 workers; 0 picks beta = 0.9.
   "outer.moving_rate": (fraction(1 / 8), {}),
@@ -84,8 +87,8 @@ FIELDS = {
 }
 
 # The boundaries of every class: type (a string, a bool, a float for an integer),
-# sign, zero, one, and the non-finite values.
-PROBES = ("x", True, -1, 0, 1, 0.5, 1.5, -0.5, math.nan, math.inf, -math.inf)
+# sign, zero, one, the table's upper bounds (600 steps, 2**32), and the non-finite values.
+PROBES = ("x", True, -1, 0, 1, 0.5, 1.5, -0.5, 600, 2**32, math.nan, math.inf, -math.inf)
 
 
 def test_every_numeric_field_is_in_the_table():
@@ -131,16 +134,45 @@ def test_each_numeric_field_refuses_exactly_the_values_outside_its_range(field):
   assert _mistakes(field, FIELDS[field][1]) == []
 
 
-# The fields that the default algorithm (sync_easgd) does not read. The warm-up is
-# left out: under the default constant schedule it must be 0, by design.
-UNREAD = sorted(
-  field for field, (_, base) in FIELDS.items() if base and field != "optimizer.warmup_steps"
-)
+# What each field must be whatever reads it, where the table's range also holds
+# a combination that only its readers check (beta = workers * moving_rate < 1,
+# a warm-up shorter than the run); the rest check the table's range everywhere.
+ALWAYS = {
+  "outer.moving_rate": fraction(),
+  "run.devices": integer_at_least(0),
+  "optimizer.warmup_steps": integer_at_least(0),
+}
+# A valid config for each algorithm: the momentum rules need a momentum.
+ALGORITHMS = {
+  name: {"algorithm": name, "optimizer.momentum": 0.9 if rule.momentum == REQUIRED else 0.0}
+  for name, rule in rules.RULES.items()
+} | {"pipeline": {"algorithm": "pipeline"}}
 
 
-@pytest.mark.parametrize("field", UNREAD)
-def test_a_field_the_algorithm_does_not_read_is_still_checked(field):
-  assert _mistakes(field, {}) == []
+def test_every_algorithm_has_a_valid_base():
+  for base in ALGORITHMS.values():
+    validation.validate(config_with(base))
+
+
+@pytest.mark.parametrize("field", sorted(FIELDS))
+def test_a_field_is_checked_whichever_algorithm_reads_it(field):
+  """Every algorithm, read or not: each value outside the field's range is refused."""
+  allowed = ALWAYS.get(field, FIELDS[field][0])
+  mistakes = []
+  for name, base in ALGORITHMS.items():
+    for probe in PROBES:
+      config = config_with(base)
+      value = _set(config, field, probe)
+      if allowed(value):
+        continue
+      try:
+        validation.validate(config)
+        said = None
+      except ConfigError as error:
+        said = str(error)
+      if said is None or not said.startswith(f"config.{field}={value!r} is invalid"):
+        mistakes.append((name, value, said))
+  assert mistakes == []
 
 
 def _set(config, field, value):

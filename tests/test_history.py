@@ -1,13 +1,15 @@
-"""A run killed at any moment and resumed has the TensorBoard history of one never stopped."""
+"""A run killed at any moment and resumed has the TensorBoard history and the final state
+of one never stopped."""
 
 import os
 import signal
 import time
 
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from runs import small_flags, train
+from runs import read_state, small_flags, train
 
 pytestmark = pytest.mark.e2e  # whole train.py runs, killed and resumed
 
@@ -15,6 +17,7 @@ pytestmark = pytest.mark.e2e  # whole train.py runs, killed and resumed
 # checkpoint leaves logged steps past it that the resumed run logs again.
 FLAGS = small_flags({"run.log_every": 5, "run.eval_every": 10})
 TIMING_TAGS = {"train/images_per_sec"}  # wall-clock time: never equal between runs
+CLOCK = "checkpoints/40/clock/metadata"  # the timing model's state at the end
 
 
 def history(workdir) -> dict[str, list[tuple[int, float]]]:
@@ -52,20 +55,22 @@ def kill_after_a_logged_step(workdir, step: int) -> None:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
+  """The run never stopped: its history, its final state and its clock."""
   workdir = tmp_path_factory.mktemp("uninterrupted")
   assert train(workdir, *FLAGS).wait(timeout=300) == 0
-  return history(workdir)
+  final = read_state(workdir / "checkpoints" / "40" / "state")
+  return history(workdir), final, (workdir / CLOCK).read_text()
 
 
 @pytest.mark.parametrize(
   "kill,killed_after",
   [
-    (kill_right_after_checkpoint, 10),
     (kill_right_after_checkpoint, 20),
     (kill_after_a_logged_step, 25),
   ],
 )
 def test_history_is_whole_after_a_kill(tmp_path, uninterrupted, kill, killed_after):
+  uninterrupted, final, clock = uninterrupted
   kill(tmp_path, killed_after)
   # Nothing of a step up to the last checkpoint was lost by the kill.
   before = history(tmp_path)
@@ -80,3 +85,9 @@ def test_history_is_whole_after_a_kill(tmp_path, uninterrupted, kill, killed_aft
   assert set(after) == set(uninterrupted)
   for tag, points in uninterrupted.items():
     assert after[tag] == points, tag  # every step once, with the same value
+  # And the state: bit for bit the run never stopped.
+  resumed_final = read_state(tmp_path / "checkpoints" / "40" / "state")
+  assert len(resumed_final) == len(final) > 10
+  for a, b in zip(resumed_final, final, strict=True):
+    assert a.dtype == b.dtype and np.array_equal(a, b)
+  assert (tmp_path / CLOCK).read_text() == clock  # the timing model went on where it stopped

@@ -35,7 +35,8 @@ class ScriptedTrainee:
     self.calls.append(("eval", step))
     return {"eval/center_accuracy": 1.0}
 
-  def save(self):
+  def save(self, divergence):
+    del divergence
     self.calls.append(("save", self.stepped))
 
   def finish(self):
@@ -129,10 +130,10 @@ def test_metrics_are_fetched_with_a_bounded_lag():
 
 def test_a_state_refused_at_a_checkpoint_stops_the_run_and_keeps_the_one_before():
   class RefusesStep4(ScriptedTrainee):
-    def save(self):
+    def save(self, divergence):
       if self.stepped == 4:
         raise TrainingDiverged("the state after step 4 is not finite (first in state.center)")
-      super().save()
+      super().save(divergence)
 
   class Kept(NoCheckpoints):
     def latest_step(self):
@@ -143,3 +144,16 @@ def test_a_state_refused_at_a_checkpoint_stops_the_run_and_keeps_the_one_before(
   with pytest.raises(TrainingDiverged, match=kept):
     loop.run(schedule(6, 0, 0, 2), trainee, 0, Kept())
   assert ("save", 2) in trainee.calls and ("close",) in trainee.calls
+
+
+def test_a_state_found_not_finite_counts_as_its_model_diverging(caplog):
+  class StateBreaks(ScriptedTrainee):
+    def save(self, divergence):
+      divergence.check_state(self.stepped, [1] if self.stepped == 2 else [0, 1])
+      super().save(divergence)
+
+  trainee = StateBreaks([[1.0, 1.0]] * 4, num_models=2)
+  with pytest.raises(TrainingDiverged, match=r"every model's state stopped being finite by step 4"):
+    loop.run(schedule(4, 0, 0, 2), trainee, 0, NoCheckpoints())
+  assert "model 1 diverged: its state after step 2 is not finite" in caplog.text
+  assert ("save", 2) in trainee.calls and ("save", 4) not in trainee.calls

@@ -97,10 +97,11 @@ def test_bad_timing_model_is_named(field, value, message):
   assert "\n" not in str(error.value)
 
 
-def test_sync_sgd_ignores_the_elastic_fields():
-  validation.validate(
-    config_with({"outer.comm_period": 0, "outer.moving_rate": 0.0}, algorithm="sync_sgd")
-  )
+def test_sync_sgd_checks_the_elastic_fields_but_not_their_combination():
+  # beta = 8 * 0.5 >= 1 matters only to a rule that pulls with it.
+  validation.validate(config_with({"outer.moving_rate": 0.5}, algorithm="sync_sgd"))
+  with pytest.raises(ConfigError, match=r"config.outer.comm_period=0 is invalid"):
+    validation.validate(config_with({"outer.comm_period": 0}, algorithm="sync_sgd"))
 
 
 def test_default_config_is_valid():
@@ -191,3 +192,11 @@ def test_a_checkpoint_of_an_earlier_version_is_named_as_such():
     {"optimizer.name": "sgd", "outer.exchange_dtype": "float32", "algorithm": "sync_sgd"}
   )
   validation.check_resumable(saved, config_with(algorithm="sync_sgd"), "w")
+
+
+def test_a_checkpoint_from_before_deterministic_sums_resumes_with_them_off():
+  saved = schema.flatten(default.get_config().to_dict())
+  del saved["deterministic_sums"]
+  validation.check_resumable(saved, default.get_config(), "w")
+  with pytest.raises(ConfigError, match=r"config.deterministic_sums is False there, True here"):
+    validation.check_resumable(saved, config_with(deterministic_sums=True), "w")

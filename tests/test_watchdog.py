@@ -96,14 +96,16 @@ def test_a_hung_checkpoint_stops_the_process_and_the_same_command_resumes(tmp_pa
   script = tmp_path / "hang.py"
   script.write_text(HANG_AT_STEP_20)
   workdir = tmp_path / "run"
-  flags = [f"--workdir={workdir}", *small_flags(algorithm="sync_easgd"), "--step_timeout=3"]
+  # The run ends at step 20, whose checkpoint hangs; small_run's is the uninterrupted one.
+  run = small_flags({"run.total_steps": 20}, algorithm="sync_easgd")
+  flags = [f"--workdir={workdir}", *run, "--step_timeout=3"]
   hung = Process(str(script), os.path.join(REPO, "train.py"), *flags)
   assert hung.wait(timeout=240) == watchdog.EXIT_HUNG, hung.tail()
   assert "no progress in the checkpoint of step 20 for 3 s" in hung.output()
   assert steps_saved(workdir) == [10]
-  resumed = train(workdir, *flags[1:])
+  resumed = train(workdir, *run)  # the default limits: no hang to catch
   assert resumed.wait(timeout=240) == 0, resumed.tail()
   assert "resumed from the checkpoint of step 10" in resumed.output()
-  expected = read_state(small_run("sync_easgd") / "checkpoints" / "40" / "state")
-  for a, b in zip(read_state(workdir / "checkpoints" / "40" / "state"), expected, strict=True):
+  expected = read_state(small_run("sync_easgd") / "checkpoints" / "20" / "state")
+  for a, b in zip(read_state(workdir / "checkpoints" / "20" / "state"), expected, strict=True):
     assert np.array_equal(a, b)

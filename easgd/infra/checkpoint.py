@@ -9,7 +9,9 @@ A checkpoint also holds a fingerprint of its arrays, computed on the devices
 when it is written, in the same pass that checks that every float in the
 state is finite: a state that is not is never saved (TrainingDiverged names
 the step and the first such leaf), so the newest checkpoint is always the
-last finite state and a rerun does not resume into the divergence.
+last finite state and a rerun does not resume into the divergence. (The
+pipeline checks each model's slot itself, `finite_slots`: a model already
+reported diverged is carried on, and saved, as it is.)
 
 Restoring recomputes the fingerprint: a checkpoint that cannot be
 read (a truncated file) or whose arrays differ from what was written (a

@@ -3,8 +3,9 @@
 JAX's heartbeats come from a background thread: a process whose main thread
 hangs (a stuck read, a deadlocked collective) goes on sending them, and the
 other processes wait for it forever. The loop therefore tells the watchdog
-which phase it is in (a training step, an evaluation, a checkpoint, the
-events being written); a daemon thread checks every `poll` seconds, and a
+which phase it is in (a training step dispatched, the steps' results
+awaited, the scalars logged, an evaluation, the events written, a
+checkpoint); a daemon thread checks every `poll` seconds, and a
 phase that has run for longer than its limit ends the process: one line
 names the phase, the step and how long it has made no progress, and the
 process exits with status EXIT_HUNG (3) at once, without waiting for
@@ -68,10 +69,9 @@ class _Current:
 
 
 def _stop(message: str) -> None:
-  """Ends the process now: nothing it waits on can be trusted to return."""
-  logging.error("%s", message)
-  print(f"error: {message}", file=sys.stderr, flush=True)
+  """Ends the process now, with one line: nothing it waits on can be trusted to return."""
   logging.flush()
+  print(f"error: {message}", file=sys.stderr, flush=True)
   os._exit(EXIT_HUNG)
 
 

@@ -17,7 +17,6 @@ from absl import logging
 
 from easgd import loop, schema
 from easgd.data import augment as augment_lib
-from easgd.errors import TrainingDiverged
 from easgd.infra import checkpoint, metrics, sharding
 from easgd.infra.compile import compile_program
 from easgd.pipeline import programs
@@ -92,7 +91,6 @@ class PipelineTrainee:
     self.step_count = int(jax.device_get(state.step))
     self.slot_models = self._slot_models()  # which model is in each slot
     self.sums, self.summed_steps = np.zeros((3, self.num_models)), 0
-    self.diverged: set[int] = set()  # models whose loss or state stopped being finite
 
   def _slot_models(self) -> np.ndarray:
     return np.asarray(sharding.fetch(self.state.model_id))
@@ -116,7 +114,6 @@ class PipelineTrainee:
 
   def add(self, values, slot_models) -> np.ndarray:
     loss = _by_model(values["loss"], slot_models)
-    self.diverged.update(int(m) for m in np.flatnonzero(~np.isfinite(loss)))
     self.sums += [
       _by_model(values[tag], slot_models) for tag in ("loss", "accuracy", "learning_rate")
     ]
@@ -148,20 +145,14 @@ class PipelineTrainee:
       final[f"model_{m}/eval/center_accuracy"] = float(accuracies[m])
     return final
 
-  def save(self):
-    # A model that diverged goes on being carried (the others train on), so
-    # its slot may be saved non-finite; every other model's must be finite.
+  def save(self, divergence):
+    # A model that diverged goes on being carried (the others train on), so its
+    # slot is saved as it is; one found not finite here is reported diverged.
     finite = _by_model(
       np.asarray(sharding.fetch(checkpoint.finite_slots((self.state.models, self.state.opt)))),
       self.slot_models,
     )
-    step = self.step_count
-    for m in np.flatnonzero(~finite):
-      if int(m) not in self.diverged:
-        self.diverged.add(int(m))
-        logging.warning("model %d diverged: its state after step %d is not finite", m, step)
-    if len(self.diverged) == self.num_models:
-      raise TrainingDiverged(f"every model's state is not finite after step {step}; not saved")
+    divergence.check_state(self.step_count, np.flatnonzero(~finite))
     self.setup.checkpointer.save(self.state, {}, self.setup.config, check_finite=False)
 
   def finish(self):

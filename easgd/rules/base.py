@@ -133,7 +133,7 @@ class Hyper:
   pull: str = _config("outer.pull", default="")  # "": the rule's own
   # What a worker's exchange message is sent as (easgd.rules.exchange).
   exchange_dtype: str = _config("outer.exchange_dtype", default="float32")
-  # Sums over workers added in worker order: the same bits on every layout.
+  # Sums over workers added in worker order: no layout reassociates them.
   deterministic_sums: bool = _config("deterministic_sums", default=False)
 
   @classmethod
