@@ -18,7 +18,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from easgd import cli, sweep, validation
+from easgd import arguments, cli, sweep, validation
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint
 from easgd.pipeline import programs
@@ -103,6 +103,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # the runs log; the sweep says only where it is
   config = cli.config_value(_CONFIG)
   cli.check_workdir(_WORKDIR.value)
+  for name, made_by in sweep.SUMMARY_FILES.items():
+    arguments.check_overwritable(os.path.join(_WORKDIR.value, name), made_by)
   user_flags = [arg for arg in sys.argv[1:] if arg.startswith("--config.")]
   fixed = {arg.removeprefix("--config.").partition("=")[0] for arg in user_flags}
   try:

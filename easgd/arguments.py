@@ -101,3 +101,24 @@ def output_file(flag: str):
 
   parse.__name__ = "file"
   return parse
+
+
+def check_overwritable(path: str, made_by: bytes) -> None:
+  """One line and exit 2 if `path` exists and was not written by the tool that would
+  overwrite it: its first bytes must hold `made_by` (a table's "Made by `python
+  studies/X.py", a sweep summary's header, matplotlib's name in a PNG it wrote).
+
+  Checked before the tool runs anything, so that a mistyped directory holding
+  someone's files of the same name costs nothing.
+  """
+  if not os.path.exists(path):
+    return
+  if os.path.isdir(path):
+    fail(f"{path!r} is a directory where this tool writes a file; move it or pick another place")
+  with open(path, "rb") as existing:
+    head = existing.read(4096)
+  if made_by not in head:
+    fail(
+      f"{path!r} exists and was not written by this tool (no {made_by.decode()!r} in it); "
+      "it is not overwritten: move it or pick another place"
+    )

@@ -32,6 +32,11 @@ SUMMARY_TAGS = (
 )
 
 
+# The files a sweep writes into its workdir, and how the first bytes of each begin:
+# a file of that name that does not is someone else's, and is not overwritten.
+SUMMARY_FILES = {"summary.md": b"| run |", "summary.csv": b"run,"}
+
+
 def product(axes: dict | None = None, **more) -> list[dict]:
   """product({"optimizer.learning_rate": [0.05, 0.1]}, seed=[0, 1]) -> the 4 points of the grid.
 

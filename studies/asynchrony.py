@@ -230,6 +230,11 @@ def main():
     default=os.path.join(os.path.dirname(__file__), "..", "docs"),
   )
   args = parser.parse_args()
+  for name, made_by in (
+    (f"{args.name}_table.md", b"studies/asynchrony.py"),
+    (f"{args.name}.png", b"matplotlib"),
+  ):
+    arguments.check_overwritable(os.path.join(args.docs, name), made_by)
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger("absl").setLevel(logging.WARNING)
 

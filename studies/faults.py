@@ -335,6 +335,7 @@ def main() -> None:
   )
   args = parser.parse_args()
   check_classes_section(args.doc)  # now, not after the hours of trials
+  arguments.check_overwritable(args.out, b"python studies/faults.py")
   rng = random.Random(args.seed)
   workdir_arg, args.workdir = args.workdir, os.path.abspath(args.workdir)
   fresh_workdir(args.workdir)

@@ -323,6 +323,11 @@ def main():
     help="where the table and the plot go",
   )
   args = parser.parse_args()
+  for name, made_by in (
+    ("scaling_tables.md", b"studies/scaling.py"),
+    ("scaling.png", b"matplotlib"),
+  ):
+    arguments.check_overwritable(os.path.join(args.out, name), made_by)
   parts = set(args.parts.split(","))
   unknown = parts - {"model", "measured", "accuracy", "sc17"}
   if unknown:

@@ -251,3 +251,30 @@ def test_the_launcher_answers_bad_arguments_in_one_line(capsys, argv, message):
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize(
+  "content,refused",
+  [
+    (None, False),  # nothing there yet
+    (b"Made by `python studies/outer.py --workdir runs/outer`\n| rule |", False),  # its own
+    (b"my notes\n", True),  # someone else's file of the same name
+    ("directory", True),
+  ],
+)
+def test_a_tool_overwrites_only_a_file_it_wrote(tmp_path, capsys, content, refused):
+  path = tmp_path / "outer_table.md"
+  if content == "directory":
+    path.mkdir()
+  elif content is not None:
+    path.write_bytes(content)
+  if not refused:
+    arguments.check_overwritable(str(path), b"studies/outer.py")
+    return
+  with pytest.raises(SystemExit) as exit_info:
+    arguments.check_overwritable(str(path), b"studies/outer.py")
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "outer_table.md" in err
+  if content != "directory":
+    assert path.read_bytes() == content  # untouched

@@ -42,3 +42,19 @@ def test_the_faults_study_clears_only_what_it_made(tmp_path):
   empty.mkdir()
   faults.fresh_workdir(str(empty))
   assert (empty / faults.MARKER).is_file()
+
+
+def test_the_faults_study_refuses_to_overwrite_a_table_it_did_not_write(
+  tmp_path, capsys, monkeypatch
+):
+  out = tmp_path / "faults_table.md"
+  out.write_text("a user's table\n")
+  doc = tmp_path / "faults.md"
+  doc.write_text(f"{faults.BEGIN}\n{faults.END}\n")
+  argv = ["faults.py", f"--workdir={tmp_path / 'runs'}", f"--out={out}", f"--doc={doc}"]
+  monkeypatch.setattr("sys.argv", argv)
+  with pytest.raises(SystemExit) as exit_info:
+    faults.main()
+  assert exit_info.value.code == 2
+  assert "was not written by this tool" in capsys.readouterr().err
+  assert out.read_text() == "a user's table\n" and not (tmp_path / "runs").exists()

@@ -251,3 +251,16 @@ def test_summary_puts_the_best_first_and_runs_without_accuracy_last(tmp_path):
   sweep.write_summary(rows, [], str(tmp_path))
   assert [row["run"] for row in read_summary(tmp_path)] == ["d", "b", "a", "c"]
   assert (tmp_path / "summary.md").read_text().splitlines()[2].startswith("| d | done | 0.9")
+
+
+def test_a_sweep_does_not_overwrite_a_summary_it_did_not_write(tmp_path):
+  config = write_config(tmp_path, '[{"optimizer.learning_rate": 0.1}]')
+  workdir = tmp_path / "notes"
+  workdir.mkdir()
+  (workdir / "summary.md").write_text("my own summary\n")
+  result = sweep_cli(config, workdir)
+  assert result.returncode == 2
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "summary.md' exists and was not written by this tool" in errors[0]
+  assert sorted(p.name for p in workdir.iterdir()) == ["summary.md"]
+  assert (workdir / "summary.md").read_text() == "my own summary\n"
