@@ -104,7 +104,7 @@ def main(argv):
   config = cli.config_value(_CONFIG)
   cli.check_workdir(_WORKDIR.value)
   for name, made_by in sweep.SUMMARY_FILES.items():
-    arguments.check_overwritable(os.path.join(_WORKDIR.value, name), made_by)
+    arguments.check_overwritable(os.path.join(_WORKDIR.value, name), made_by, at_start=True)
   user_flags = [arg for arg in sys.argv[1:] if arg.startswith("--config.")]
   fixed = {arg.removeprefix("--config.").partition("=")[0] for arg in user_flags}
   try:

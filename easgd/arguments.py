@@ -31,10 +31,12 @@ def check_workdir(path: str, flag: str = "--workdir") -> None:
   existing = absolute
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
+  # The ancestor that decides, named as the user named the path (relative or not).
+  shown = existing if os.path.isabs(path) else os.path.relpath(existing)
   if not os.path.isdir(existing):
-    fail(f"{flag}={path!r} lies under {existing!r}, which is a file, not a directory")
+    fail(f"{flag}={path!r} lies under {shown!r}, which is a file, not a directory")
   if not os.access(existing, os.W_OK | os.X_OK):
-    fail(f"{flag}={path!r} cannot be written: {existing!r} is not writable by this user")
+    fail(f"{flag}={path!r} cannot be written: {shown!r} is not writable by this user")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -103,10 +105,11 @@ def output_file(flag: str):
   return parse
 
 
-def check_overwritable(path: str, made_by: bytes) -> None:
+def check_overwritable(path: str, made_by: bytes, at_start: bool = False) -> None:
   """One line and exit 2 if `path` exists and was not written by the tool that would
-  overwrite it: its first bytes must hold `made_by` (a table's "Made by `python
-  studies/X.py", a sweep summary's header, matplotlib's name in a PNG it wrote).
+  overwrite it: its first 4 KiB must hold `made_by` (a study's table its "Made by
+  `python studies/X.py" line, a PNG matplotlib's name), or begin with it
+  (`at_start`: a sweep summary's header).
 
   Checked before the tool runs anything, so that a mistyped directory holding
   someone's files of the same name costs nothing.
@@ -117,7 +120,7 @@ def check_overwritable(path: str, made_by: bytes) -> None:
     fail(f"{path!r} is a directory where this tool writes a file; move it or pick another place")
   with open(path, "rb") as existing:
     head = existing.read(4096)
-  if made_by not in head:
+  if not (head.startswith(made_by) if at_start else made_by in head):
     fail(
       f"{path!r} exists and was not written by this tool (no {made_by.decode()!r} in it); "
       "it is not overwritten: move it or pick another place"

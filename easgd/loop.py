@@ -200,6 +200,8 @@ class Divergence:
     if len(self.diverged) == self.num_models:
       if self.num_models == 1:
         first, loss = self.diverged[0]
+        if what == "state":
+          raise TrainingDiverged(f"the state after step {first} is not finite; it was not saved")
         raise TrainingDiverged(f"training loss became {loss} at step {first}")
       raise TrainingDiverged(f"every model's {what} stopped being finite by step {step}")
 

@@ -231,7 +231,7 @@ def main():
   )
   args = parser.parse_args()
   for name, made_by in (
-    (f"{args.name}_table.md", b"studies/asynchrony.py"),
+    (f"{args.name}_table.md", b"Made by `python studies/asynchrony.py"),
     (f"{args.name}.png", b"matplotlib"),
   ):
     arguments.check_overwritable(os.path.join(args.docs, name), made_by)

@@ -137,10 +137,11 @@ def kill_process(trial_dir, algorithm, processes, index, rng, name_the_lost=True
   pid = process.pid if processes == 1 else child_pid(log, index)
   wait_for_checkpoint(os.path.join(trial_dir, "run"), RUN["run.checkpoint_every"])
   time.sleep(rng.uniform(0.0, 1.5))
-  last = saved(os.path.join(trial_dir, "run"))[-1]
   os.kill(pid, signal.SIGKILL)
   killed = time.monotonic()
   code = process.wait(timeout=TIMEOUT)
+  # Read once the process is gone: a checkpoint finished as it was killed counts.
+  last = saved(os.path.join(trial_dir, "run"))[-1]
   stopped = time.monotonic() - killed
   if processes == 1:
     return f"killed (status {code})", last

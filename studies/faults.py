@@ -10,7 +10,7 @@ from, and whether the final state equals an uninterrupted run bit for bit
 (nothing lost beyond the last checkpoint). Kills land at a random moment
 (seeded) after the first checkpoint, so some fall during a save; one kind
 lands the instant a checkpoint appears, and compares the TensorBoard
-history too. A inject.hang is injected by a wrapper script the study writes into
+history too. A hang is injected by a wrapper script the study writes into
 its workdir. Writes docs/faults_table.md (every trial) and the table of
 fault classes in docs/faults.md, between its FAULT CLASSES markers.
 """
@@ -37,7 +37,9 @@ class Fault:
   name: str
   algorithm: str
   processes: int
-  inject: Callable  # (trial_dir, algorithm, processes, rng) -> (what happened, newest checkpoint)
+  injection: (
+    Callable  # (trial_dir, algorithm, processes, rng) -> (what happened, newest checkpoint)
+  )
   test: str  # the test of the suite that shows the same
   rerun_processes: int = 0  # 0: as many as the faulted run had
   rerun_flags: tuple[str, ...] = ()
@@ -208,7 +210,7 @@ def run_trial(fault: Fault, number: int, workdir: str, reference: str, rng) -> T
   name = re.sub(r"[^a-z0-9]+", "_", fault.name.lower()).strip("_")[:40]
   trial_dir = os.path.join(workdir, f"{name}_{fault.processes}_{number}")
   os.makedirs(trial_dir)
-  how, last = fault.inject(trial_dir, fault.algorithm, fault.processes, rng)
+  how, last = fault.injection(trial_dir, fault.algorithm, fault.processes, rng)
   rerun = os.path.join(trial_dir, "rerun.log")
   run_dir = os.path.join(trial_dir, "run")
   processes = fault.rerun_processes or fault.processes
@@ -335,7 +337,7 @@ def main() -> None:
   )
   args = parser.parse_args()
   check_classes_section(args.doc)  # now, not after the hours of trials
-  arguments.check_overwritable(args.out, b"python studies/faults.py")
+  arguments.check_overwritable(args.out, b"Written by `python studies/faults.py")
   rng = random.Random(args.seed)
   workdir_arg, args.workdir = args.workdir, os.path.abspath(args.workdir)
   fresh_workdir(args.workdir)

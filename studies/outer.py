@@ -167,7 +167,10 @@ def main():
     default=os.path.join(os.path.dirname(__file__), "..", "docs"),
   )
   args = parser.parse_args()
-  for name, made_by in (("outer_table.md", b"studies/outer.py"), ("outer.png", b"matplotlib")):
+  for name, made_by in (
+    ("outer_table.md", b"Made by `python studies/outer.py"),
+    ("outer.png", b"matplotlib"),
+  ):
     arguments.check_overwritable(os.path.join(args.docs, name), made_by)
   absl_logging.set_verbosity(absl_logging.WARNING)
   chosen = args.rules.split(",")

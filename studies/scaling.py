@@ -324,7 +324,7 @@ def main():
   )
   args = parser.parse_args()
   for name, made_by in (
-    ("scaling_tables.md", b"studies/scaling.py"),
+    ("scaling_tables.md", b"Made by `python studies/scaling.py"),
     ("scaling.png", b"matplotlib"),
   ):
     arguments.check_overwritable(os.path.join(args.out, name), made_by)

@@ -232,6 +232,14 @@ def test_every_path_argument_is_checked_by_class(
   assert os.listdir(locked) == [] and (tmp_path / "file").read_text() == "x"
 
 
+def test_a_relative_path_names_the_file_it_lies_under_as_given(tmp_path, capsys, monkeypatch):
+  (tmp_path / "notes").write_text("x")
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(SystemExit):
+    arguments.check_workdir("notes/run")
+  assert "lies under 'notes', which is a file" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
   "argv,message",
   [

@@ -1,7 +1,9 @@
 """A run killed at any moment and resumed has the TensorBoard history and the final state
 of one never stopped."""
 
+import json
 import os
+import re
 import signal
 import time
 
@@ -80,7 +82,9 @@ def test_history_is_whole_after_a_kill(tmp_path, uninterrupted, kill, killed_aft
     assert before[tag][: len(kept)] == kept, tag
   resumed = train(tmp_path, *FLAGS)
   assert resumed.wait(timeout=300) == 0, resumed.tail()
-  assert "resumed from the checkpoint of step" in resumed.output()
+  # Resumed from the checkpoint the kill left, with steps still to train.
+  resumed_from = int(re.search(r"resumed from the checkpoint of step (\d+)", resumed.output())[1])
+  assert checkpoint <= resumed_from < 40
   after = history(tmp_path)
   assert set(after) == set(uninterrupted)
   for tag, points in uninterrupted.items():
@@ -90,4 +94,5 @@ def test_history_is_whole_after_a_kill(tmp_path, uninterrupted, kill, killed_aft
   assert len(resumed_final) == len(final) > 10
   for a, b in zip(resumed_final, final, strict=True):
     assert a.dtype == b.dtype and np.array_equal(a, b)
-  assert (tmp_path / CLOCK).read_text() == clock  # the timing model went on where it stopped
+  # The timing model went on where it stopped (and had moved: its time is not 0).
+  assert (tmp_path / CLOCK).read_text() == clock and json.loads(clock)["time"] > 0

@@ -157,3 +157,6 @@ def test_a_state_found_not_finite_counts_as_its_model_diverging(caplog):
     loop.run(schedule(4, 0, 0, 2), trainee, 0, NoCheckpoints())
   assert "model 1 diverged: its state after step 2 is not finite" in caplog.text
   assert ("save", 2) in trainee.calls and ("save", 4) not in trainee.calls
+  alone = loop.Divergence(1)
+  with pytest.raises(TrainingDiverged, match=r"^the state after step 20 is not finite; it was not"):
+    alone.check_state(20, [0])

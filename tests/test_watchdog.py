@@ -102,6 +102,7 @@ def test_a_hung_checkpoint_stops_the_process_and_the_same_command_resumes(tmp_pa
   hung = Process(str(script), os.path.join(REPO, "train.py"), *flags)
   assert hung.wait(timeout=240) == watchdog.EXIT_HUNG, hung.tail()
   assert "no progress in the checkpoint of step 20 for 3 s" in hung.output()
+  assert hung.output().count("no progress in") == 1  # one line
   assert steps_saved(workdir) == [10]
   resumed = train(workdir, *run)  # the default limits: no hang to catch
   assert resumed.wait(timeout=240) == 0, resumed.tail()

@@ -3,7 +3,7 @@
 JAX's heartbeats come from a background thread: a process whose main thread
 hangs (a stuck read, a deadlocked collective) goes on sending them, and the
 other processes wait for it forever. The loop therefore tells the watchdog
-which phase it is in (a training step dispatched, the steps' results
+which phase it is in (a training step, the steps' results
 awaited, the scalars logged, an evaluation, the events written, a
 checkpoint); a daemon thread checks every `poll` seconds, and a
 phase that has run for longer than its limit ends the process: one line
@@ -35,9 +35,10 @@ from absl import flags, logging
 _STEP_TIMEOUT = flags.DEFINE_float(
   "step_timeout",
   0.0,
-  "Seconds a training step, evaluation, checkpoint or event write may make no "
-  "progress before the process stops with status 3 (0: derived from the run; the "
-  "first of each, which may compile, gets 30 minutes more).",
+  "Seconds a phase of the loop (a training step, its results, logging, evaluation, "
+  "event write, checkpoint) may make no progress before the process stops with "
+  "status 3 (0: derived from the run; the first of each, which may compile, gets "
+  "30 minutes more).",
 )
 
 EXIT_HUNG = 3
