@@ -178,32 +178,34 @@ class Divergence:
 
   def __init__(self, num_models: int):
     self.num_models = num_models
-    self.diverged: dict[int, tuple[int, float]] = {}
+    self.diverged: dict[int, str] = {}  # model -> what stopped being finite, and when
 
   def check(self, step: int, losses: np.ndarray) -> None:
+    """Each model's training loss of `step`."""
     for model in np.flatnonzero(~np.isfinite(np.asarray(losses))):
-      if int(model) not in self.diverged:
-        self.diverged[int(model)] = (step, float(losses[model]))
-        if self.num_models > 1:
-          logging.warning("model %d diverged (loss %s) at step %d", model, losses[model], step)
+      self._report(int(model), step, f"training loss became {losses[model]} at step {step}")
     self._stop_if_all(step)
 
   def check_state(self, step: int, models) -> None:
     """Models whose state is not finite after `step`, though their loss still was."""
     for model in models:
-      if int(model) not in self.diverged:
-        self.diverged[int(model)] = (step, float("nan"))
-        logging.warning("model %d diverged: its state after step %d is not finite", model, step)
-    self._stop_if_all(step, what="state")
+      self._report(int(model), step, f"the state after step {step} is not finite; it was not saved")
+    self._stop_if_all(step)
 
-  def _stop_if_all(self, step: int, what: str = "training loss") -> None:
+  def _report(self, model: int, step: int, what: str) -> None:
+    if model in self.diverged:
+      return
+    self.diverged[model] = what
+    if self.num_models > 1:
+      logging.warning("model %d diverged at step %d: %s", model, step, what)
+
+  def _stop_if_all(self, step: int) -> None:
     if len(self.diverged) == self.num_models:
       if self.num_models == 1:
-        first, loss = self.diverged[0]
-        if what == "state":
-          raise TrainingDiverged(f"the state after step {first} is not finite; it was not saved")
-        raise TrainingDiverged(f"training loss became {loss} at step {first}")
-      raise TrainingDiverged(f"every model's {what} stopped being finite by step {step}")
+        raise TrainingDiverged(self.diverged[0])
+      raise TrainingDiverged(
+        f"every model's training loss or state stopped being finite by step {step}"
+      )
 
 
 def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpointer) -> tuple:

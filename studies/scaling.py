@@ -26,6 +26,7 @@ Writes docs/scaling_tables.md and docs/scaling.png. Its parts:
 import dataclasses
 import logging
 import os
+import re
 import sys
 import time
 
@@ -168,7 +169,8 @@ def final_accuracy(workdir: str, rule_name: str, workers: int) -> dict:
     try:
       trainer.train_and_evaluate(config, run_dir)
     except TrainingDiverged as error:  # a result too: the rule is unstable at this P
-      return {"diverged": "diverged at step " + str(error).split(" at step ")[1].split(";")[0]}
+      # The first step the message names: the loss's, or the state's at a checkpoint.
+      return {"diverged": "diverged at step " + re.search(r"step (\d+)", str(error))[1]}
   return sweep.final_scalars(run_dir)
 
 

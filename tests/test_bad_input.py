@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from easgd import arguments, launch, rules, validation
+from easgd import arguments, launch, rules, schema, validation
 from easgd.errors import ConfigError
 from runs import config_with
 
@@ -101,8 +101,6 @@ def test_every_numeric_field_is_in_the_table():
 
 
 def _flat(config):
-  from easgd import schema  # noqa: PLC0415
-
   return schema.flatten(config.to_dict())
 
 

@@ -108,7 +108,7 @@ def test_several_models_stop_only_when_every_one_has_diverged(caplog):
   some = ScriptedTrainee([[1.0, 1.0], [np.inf, 1.0], [np.nan, 1.0], [np.nan, 2.0]], num_models=2)
   loop.run(schedule(4, 0, 0, 0), some, 0, NoCheckpoints())
   assert ("finish",) in some.calls
-  assert "model 0 diverged (loss inf) at step 2" in caplog.text
+  assert "model 0 diverged at step 2: training loss became inf at step 2" in caplog.text
   every = ScriptedTrainee([[1.0, 1.0], [np.inf, 1.0], [np.nan, np.nan], [1.0, 1.0]], num_models=2)
   with pytest.raises(TrainingDiverged, match=r"every model's training loss .* by step 3"):
     loop.run(schedule(4, 0, 0, 0), every, 0, NoCheckpoints())
@@ -153,9 +153,10 @@ def test_a_state_found_not_finite_counts_as_its_model_diverging(caplog):
       super().save(divergence)
 
   trainee = StateBreaks([[1.0, 1.0]] * 4, num_models=2)
-  with pytest.raises(TrainingDiverged, match=r"every model's state stopped being finite by step 4"):
+  every = r"every model's training loss or state stopped being finite by step 4"
+  with pytest.raises(TrainingDiverged, match=every):
     loop.run(schedule(4, 0, 0, 2), trainee, 0, NoCheckpoints())
-  assert "model 1 diverged: its state after step 2 is not finite" in caplog.text
+  assert "model 1 diverged at step 2: the state after step 2 is not finite" in caplog.text
   assert ("save", 2) in trainee.calls and ("save", 4) not in trainee.calls
   alone = loop.Divergence(1)
   with pytest.raises(TrainingDiverged, match=r"^the state after step 20 is not finite; it was not"):
