@@ -1,260 +1,245 @@
 """This project beside PyTorch: the same network, batch and SGD step on this CPU.
 
-    python bench/peers.py [--models lenet5,resnet20] [--batch_size 128] [--steps 30] [--rounds 3]
-                          [--split]
+    python bench/peers.py [--models lenet5,resnet20] [--batch_size 128] [--steps N]
+                          [--rounds 5] [--split] [--only PARTS]
 
-For each network, in one run and in interleaved rounds (the machine is
-shared and noisy), it times
+Every variant runs in a process of its own (so that no framework's threads
+or allocator disturb another's), started once, compiled and warmed up, then
+timed in rounds that alternate between the processes: round r times every
+variant once, in an order rotated by r. Beside each figure it prints the
+machine's 1-minute load average at the times that variant was measured.
+
+Variants, for LeNet-5 (28x28x1 images) and ResNet-20 (32x32x3), batch 128:
+  torch NCHW, T threads / torch channels_last, T threads
+                       PyTorch's plain step (zero_grad, forward, backward, SGD
+                       step) in both layouts, with T = the threads XLA:CPU
+                       uses here (the larger of the cores and the devices),
+  torch NCHW, 1 thread / torch channels_last, 1 thread,
   jax plain, XLA defaults
-                  a minimal jit-compiled SGD step on one device (value_and_grad + update),
-                  compiled as jax.jit compiles it,
-  jax plain       the same compiled with the project's options (easgd/infra/compile.py),
-  sync_easgd P=1  this project's compiled train step (batch drawn on device, tau = 4),
-  sync_easgd P=2  the same with 2 workers of batch/2 on 2 CPU devices,
-  torch           PyTorch's plain single-process step (zero_grad, forward,
-                  backward, SGD step), if `torch` is importable,
-and prints the median images/s, each one's ratio to torch, and the FLOP/s
-each JAX step achieves (XLA's cost analysis of the compiled step times
-steps/s) over the float32 matmul peak measured in the same run (a 2048^3
-jnp.dot). LeNet-5 trains on 28x28x1 images, ResNet-20 on 32x32x3.
+                       a minimal jit-compiled SGD step (value_and_grad + update)
+                       on 1 device, compiled as jax.jit compiles it,
+  jax plain, 1 device  the same compiled with the project's options
+                       (easgd/infra/compile.py),
+  jax plain, 2 devices the same with the batch split over 2 CPU devices,
+  sync_easgd, 1 device / sync_easgd, 2 devices
+                       this project's compiled train step (batch drawn on
+                       device, tau = 4) with 1 worker, and with 2 workers of
+                       batch/2 on 2 CPU devices.
+It prints the median images/s, the ratio to PyTorch's best layout at T
+threads, and the fraction of the float32 matmul peak (a 2048^3 jnp.dot,
+measured by a process of its own before every round; the best is used) that
+the step reaches, counting the FLOPs of XLA's cost analysis of the plain
+step for every row, PyTorch's included (the same arithmetic).
 
 With --split it also times the forward pass alone and forward + backward
-without the update, in both frameworks: where a step's time goes.
+without the update, in every process: where a step's time goes.
 
 `pip install torch==2.13.0` takes PyTorch's CPU wheel; it is not among the
-project's requirements.
+project's requirements. Without it the torch rows are left out.
 """
 
 import argparse
 import importlib.util
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
-import jax
+import peer_steps  # bench/peer_steps.py, beside this file
+from peer_steps import SHAPES
 
-jax.config.update("jax_num_cpu_devices", 2)
+from easgd import arguments
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-
-from easgd import models, rules, steps  # noqa: E402
-from easgd.infra import sharding  # noqa: E402
-from easgd.infra.compile import compile_program, options_for  # noqa: E402
-from easgd.rules import AXIS, model_state  # noqa: E402
-
-SHAPES = {"lenet5": (28, 28, 1), "resnet20": (32, 32, 3)}
-LEARNING_RATE = 0.1
-PARTITION = 1024  # resident training images per worker
+TITLES = {"lenet5": "LeNet-5 (28x28x1)", "resnet20": "ResNet-20 (32x32x3)"}
+# Steps a round, by default: about a second or more of every variant.
+STEPS = {"lenet5": 30, "resnet20": 5}
 
 
-def matmul_peak(n=2048, repeats=10) -> float:
-  """float32 FLOP/s of a jit-compiled n x n x n jnp.dot (best of `repeats`)."""
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  dot = jax.jit(jnp.dot)
-  dot(a, a).block_until_ready()
-  best = min(_seconds(lambda: dot(a, a).block_until_ready()) for _ in range(repeats))
-  return 2 * n**3 / best
+def xla_threads(devices: int = 2) -> int:
+  """The threads of XLA:CPU's pool in a process of `devices` devices."""
+  return max(len(os.sched_getaffinity(0)), devices)
 
 
-def _seconds(fn) -> float:
-  start = time.perf_counter()
-  fn()
-  return time.perf_counter() - start
+def variants(threads: int) -> dict[str, dict]:
+  """Label -> the worker's arguments."""
+  return {
+    f"torch NCHW, {threads} threads": {"kind": "torch", "layout": "nchw", "threads": threads},
+    f"torch channels_last, {threads} threads": {
+      "kind": "torch",
+      "layout": "channels_last",
+      "threads": threads,
+    },
+    "torch NCHW, 1 thread": {"kind": "torch", "layout": "nchw", "threads": 1},
+    "torch channels_last, 1 thread": {"kind": "torch", "layout": "channels_last", "threads": 1},
+    "jax plain, XLA defaults": {"kind": "plain", "devices": 1, "options": False},
+    "jax plain, 1 device": {"kind": "plain", "devices": 1, "options": True},
+    "jax plain, 2 devices": {"kind": "plain", "devices": 2, "options": True},
+    "sync_easgd, 1 device": {"kind": "sync_easgd", "devices": 1},
+    "sync_easgd, 2 devices": {"kind": "sync_easgd", "devices": 2},
+  }
 
 
-def flops_of(compiled) -> float:
-  analysis = compiled.cost_analysis()
-  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-  return float(analysis.get("flops", 0.0))
+class Worker:
+  """A variant's process and its line-by-line protocol."""
+
+  def __init__(self, spec, name, batch_size):
+    env = dict(os.environ)
+    if spec["kind"] == "torch":
+      env["OMP_NUM_THREADS"] = str(spec["threads"])
+    self.process = subprocess.Popen(
+      [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
+      + ["--models", name, "--batch_size", str(batch_size)],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      text=True,
+      env=env,
+    )
+    self.ready = self._reply()
+
+  def _reply(self) -> dict:
+    line = self.process.stdout.readline()
+    if not line:
+      raise SystemExit(f"a benchmark process ended early (exit {self.process.wait()})")
+    return json.loads(line)
+
+  def ask(self, command: str) -> dict:
+    self.process.stdin.write(command + "\n")
+    self.process.stdin.flush()
+    return self._reply()
+
+  def close(self):
+    self.ask_nothing("exit")
+    self.process.wait()
+
+  def ask_nothing(self, command):
+    self.process.stdin.write(command + "\n")
+    self.process.stdin.flush()
 
 
-class JaxPlain:
-  """The baseline: one device, a batch already there, params <- params - eta*grad."""
-
-  def __init__(self, name, batch_size, options):
-    model = models.get_model(name, 10)
-    shape = SHAPES[name]
-    rng = np.random.default_rng(0)
-    self.images = jnp.asarray(rng.integers(0, 256, (batch_size, *shape), np.uint8))
-    self.labels = jnp.asarray(rng.integers(0, 10, batch_size, np.int32))
-    tree = model_state.model_tree(model.init(jax.random.PRNGKey(0), jnp.zeros((1, *shape))))
-    loss_fn = steps.make_loss_fn(model, lambda x: x.astype(jnp.float32) / 255.0)
-
-    def step(tree, images, labels):
-      (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        tree, {"image": images, "label": labels}
-      )
-      updates = jax.tree.map(lambda g: -LEARNING_RATE * g, grads)
-      return optax.apply_updates(tree, model_state.stats_step(updates, tree, aux))
-
-    lowered = jax.jit(step, donate_argnums=0).lower(tree, self.images, self.labels)
-    self.compiled = compile_program(lowered, "cpu", options)
-    self.state = tree
-    self.images_per_step = batch_size
-    self.devices = 1
-    batch = {"image": self.images, "label": self.labels}
-    forward = jax.jit(lambda tree: loss_fn(tree, batch)[0])
-    backward = jax.jit(jax.grad(lambda tree: loss_fn(tree, batch)[0]))
-    self.parts = {
-      "forward": compile_program(forward.lower(tree), "cpu", options),
-      "forward+backward": compile_program(backward.lower(tree), "cpu", options),
-    }
-
-  def time_part(self, part, count):
-    fn = self.parts[part]
-    jax.block_until_ready(fn(self.state))
-    return _seconds(lambda: jax.block_until_ready([fn(self.state) for _ in range(count)]))
-
-  def run(self, count):
-    for _ in range(count):
-      self.state = self.compiled(self.state, self.images, self.labels)
-    jax.block_until_ready(self.state)
+def torch_available() -> str | None:
+  spec = importlib.util.find_spec("torch")
+  return None if spec is None else spec.name
 
 
-class SyncEASGD:
-  """This project's sync_easgd train step, P workers on P CPU devices."""
-
-  def __init__(self, name, batch_size, workers):
-    model = models.get_model(name, 10)
-    shape = SHAPES[name]
-    mesh = sharding.make_mesh(workers)
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (workers, PARTITION, *shape), np.uint8)
-    labels = rng.integers(0, 10, (workers, PARTITION), np.int32)
-    self.images = sharding.place(mesh, images, P(AXIS))
-    self.labels = sharding.place(mesh, labels, P(AXIS))
-    tree = model_state.model_tree(model.init(jax.random.PRNGKey(0), jnp.zeros((1, *shape))))
-    hyper = rules.Hyper(workers, LEARNING_RATE, comm_period=4, moving_rate=0.9 / max(workers, 2))
-    rule = rules.make_rule("sync_easgd", hyper)
-    self.state = steps.init_state(rule, tree, jax.random.PRNGKey(1), mesh)
-    loss_fn = steps.make_loss_fn(model, lambda x: x.astype(jnp.float32) / 255.0)
-    per_worker = batch_size // workers
-    step = steps.build_train_step(rule, loss_fn, mesh, self.state, per_worker)
-    self.compiled = compile_program(step.lower(self.state, self.images, self.labels, {}), "cpu")
-    self.images_per_step = per_worker * workers
-    self.devices = workers
-
-  def run(self, count):
-    for i in range(count):
-      self.state, metrics = self.compiled(self.state, self.images, self.labels, {})
-      if i % 8 == 7:  # bound the programs in flight (collectives on CPU devices)
-        jax.block_until_ready(metrics)
-    jax.block_until_ready(self.state)
-
-
-def _load_torch_models():
-  """bench/torch_models.py (it imports torch), loaded by its path beside this file."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_models.py")
-  spec = importlib.util.spec_from_file_location("torch_models", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def torch_runner(name, batch_size):
-  """PyTorch's plain step on the same network, or None without torch."""
+def measure(name, args, peak_worker, steps):
+  """Starts every variant of network `name`, times them in alternating rounds,
+  and returns {label: {"rates": [...], "loads": [...], "split": {...}}} and the peak."""
+  threads = xla_threads()
+  chosen = {
+    label: spec
+    for label, spec in variants(threads).items()
+    if (spec["kind"] != "torch" or torch_available())
+    and (not args.only or any(part in label for part in args.only.split(";")))
+  }
+  workers = {}
   try:
-    import torch  # noqa: PLC0415 (optional)
-  except ImportError:
-    return None
-  torch_models = _load_torch_models()
+    for label, spec in chosen.items():
+      print(f"  starting {label}", file=sys.stderr, flush=True)
+      workers[label] = Worker(spec, name, args.batch_size)
+    results = {label: {"rates": [], "loads": []} for label in workers}
+    peaks = []
+    labels = list(workers)
+    for round_index in range(args.rounds):
+      peaks.append(peak_worker.ask("peak")["flops_per_second"])
+      shift = round_index % len(labels)
+      for label in labels[shift:] + labels[:shift]:
+        results[label]["loads"].append(os.getloadavg()[0])
+        seconds = workers[label].ask(f"run {steps}")["seconds"]
+        results[label]["rates"].append(steps * args.batch_size / seconds)
+    if args.split:
+      for label, worker in workers.items():
+        results[label]["split"] = worker.ask(f"split {steps}")
+    plain = workers.get("jax plain, 1 device")
+    jax_workers = [plain] if plain else [w for w in workers.values() if "flops_per_step" in w.ready]
+    flops = jax_workers[0].ready["flops_per_step"] if jax_workers else 0.0
+  finally:
+    for worker in workers.values():
+      worker.close()
+  return results, max(peaks), flops
 
-  torch.manual_seed(0)
-  net = torch_models.build(name)
-  shape = SHAPES[name]
-  images = torch.randint(0, 256, (batch_size, shape[2], shape[0], shape[1])).float() / 255.0
-  labels = torch.randint(0, 10, (batch_size,))
-  optimizer = torch.optim.SGD(net.parameters(), lr=LEARNING_RATE)
-  loss_fn = torch.nn.CrossEntropyLoss()
-  net.train()
 
-  class Runner:
-    images_per_step = batch_size
-    compiled = None
+def print_table(name, args, steps, results, peak, flops_per_step):
+  threads = xla_threads()
+  torch_best = max(
+    (
+      statistics.median(r["rates"])
+      for label, r in results.items()
+      if label.startswith("torch") and label.endswith(f"{threads} threads")
+    ),
+    default=None,
+  )
+  print(
+    f"\n{TITLES[name]}, batch {args.batch_size}: medians of {args.rounds} rounds of "
+    f"{steps} steps; matmul peak {peak / 1e9:.1f} GFLOP/s; "
+    f"{flops_per_step / 1e9:.3f} GFLOP a step"
+  )
+  print("| variant | images/s | vs torch's best | of peak | load |")
+  print("| --- | --- | --- | --- | --- |")
+  for label, result in results.items():
+    rate = statistics.median(result["rates"])
+    ratio = f"{rate / torch_best:.2f}x" if torch_best else "-"
+    fraction = flops_per_step * rate / args.batch_size / peak
+    loads = result["loads"]
+    print(
+      f"| {label} | {rate:.0f} | {ratio} | {fraction:.1%} | {min(loads):.2f}-{max(loads):.2f} |"
+    )
+  if args.split:
+    print("\n| variant | forward ms | forward + backward ms | whole step ms |")
+    print("| --- | --- | --- | --- |")
+    for label, result in results.items():
+      if not result.get("split"):
+        continue
+      whole = 1e3 * args.batch_size / statistics.median(result["rates"])
+      cells = " | ".join(
+        f"{1e3 * result['split'][part] / steps:.2f}" for part in ("forward", "forward+backward")
+      )
+      print(f"| {label} | {cells} | {whole:.2f} |")
 
-    def run(self, count):
-      for _ in range(count):
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(net(images), labels).backward()
-        optimizer.step()
 
-    def time_part(self, part, count):
-      def go():
-        for _ in range(count):
-          if part == "forward":
-            with torch.no_grad():
-              loss_fn(net(images), labels)
-          else:
-            optimizer.zero_grad(set_to_none=True)
-            loss_fn(net(images), labels).backward()
-
-      go()
-      return _seconds(go)
-
-  return Runner()
+def model_names(text: str) -> list[str]:
+  names = text.split(",")
+  unknown = [name for name in names if name not in SHAPES]
+  if unknown:
+    raise argparse.ArgumentTypeError(
+      f"{','.join(unknown)} is not a network here; choose from {','.join(SHAPES)}"
+    )
+  return names
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--models", default="lenet5,resnet20")
-  parser.add_argument("--batch_size", type=int, default=128)
-  parser.add_argument("--steps", type=int, default=30)
-  parser.add_argument("--rounds", type=int, default=3)
+  parser = arguments.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--models", default="lenet5,resnet20", type=model_names)
+  parser.add_argument("--batch_size", type=arguments.integer(2), default=128)
+  parser.add_argument("--steps", type=arguments.integer(1), help="steps a round (default: STEPS)")
+  parser.add_argument("--rounds", type=arguments.integer(1), default=5)
   parser.add_argument("--split", action="store_true", help="time forward and backward apart")
+  parser.add_argument(
+    "--only", default="", help="the variants whose labels contain one of these ;-separated parts"
+  )
+  parser.add_argument("--worker", help=argparse.SUPPRESS)
   args = parser.parse_args()
-  peak = matmul_peak()
-  print(f"float32 matmul peak (2048^3 jnp.dot): {peak / 1e9:.1f} GFLOP/s")
-  try:
-    import torch  # noqa: PLC0415
-
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-  except ImportError:
-    print("torch is not installed: pip install torch==2.13.0 (CPU wheel) to compare")
-  for name in args.models.split(","):
-    runners = {
-      "jax plain, XLA defaults": JaxPlain(name, args.batch_size, options={}),
-      "jax plain": JaxPlain(name, args.batch_size, options_for("cpu")),
-      "sync_easgd P=1": SyncEASGD(name, args.batch_size, 1),
-      "sync_easgd P=2": SyncEASGD(name, args.batch_size, 2),
-    }
-    reference = torch_runner(name, args.batch_size)
-    if reference is not None:
-      runners["torch"] = reference
-    rates = {label: [] for label in runners}
-    for runner in runners.values():
-      runner.run(2)  # warm-up
-    for _ in range(args.rounds):
-      for label, runner in runners.items():
-        seconds = _seconds(lambda runner=runner: runner.run(args.steps))
-        rates[label].append(args.steps * runner.images_per_step / seconds)
-    print(
-      f"\n{name}, batch {args.batch_size}, medians of {args.rounds} rounds of {args.steps} steps"
+  if args.batch_size % 2:
+    parser.error(
+      f"--batch_size={args.batch_size} is invalid: the 2-device rows halve it; use an even number"
     )
-    print(f"{'':24} {'images/s':>9} {'vs torch':>9} {'GFLOP/s':>8} {'of peak':>8}")
-    torch_rate = statistics.median(rates["torch"]) if "torch" in rates else None
-    for label, runner in runners.items():
-      rate = statistics.median(rates[label])
-      ratio = f"{rate / torch_rate:.2f}x" if torch_rate else "-"
-      if runner.compiled is not None:
-        # XLA's cost analysis counts one device's share of an SPMD program.
-        achieved = flops_of(runner.compiled) * runner.devices * rate / runner.images_per_step
-        flops = f"{achieved / 1e9:8.1f} {achieved / peak:8.1%}"
-      else:
-        flops = f"{'-':>8} {'-':>8}"
-      print(f"{label:24} {rate:9.0f} {ratio:>9} {flops}")
-    if args.split:
-      print("ms a step:               forward  forward+backward  whole step")
-      for label in ("jax plain, XLA defaults", "jax plain", "torch"):
-        if label not in runners:
-          continue
-        runner = runners[label]
-        parts = [runner.time_part(part, args.steps) for part in ("forward", "forward+backward")]
-        whole = 1e3 * runner.images_per_step / statistics.median(rates[label])
-        cells = "".join(f"{1e3 * p / args.steps:16.2f}" for p in parts)
-        print(f"{label:24}{cells}{whole:12.2f}")
+  if args.worker:
+    peer_steps.worker_main(json.loads(args.worker), args.models[0], args.batch_size)
+    return
+  print(time.strftime("%Y-%m-%d %H:%M"), f"load average {os.getloadavg()[0]:.2f}")
+  if torch_available():
+    print(f"torch found; XLA:CPU and torch's first rows use {xla_threads()} threads")
+  else:
+    print("torch is not installed: pip install torch==2.13.0 (CPU wheel) to compare")
+  peak_worker = Worker({"kind": "peak"}, "lenet5", args.batch_size)
+  try:
+    for name in args.models:
+      steps = args.steps or STEPS[name]
+      results, peak, flops = measure(name, args, peak_worker, steps)
+      print_table(name, args, steps, results, peak, flops)
+  finally:
+    peak_worker.close()
 
 
 if __name__ == "__main__":

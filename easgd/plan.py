@@ -13,8 +13,10 @@ XLA's memory analysis of the compiled training step (this machine's backend):
     S1    samples and every layer's outputs and their gradients: s1 * b
     S2    the training state: parameters, center, optimizer state, counters
     S3    temporaries that do not grow with the batch (workspace, metrics)
-S1 and S3 are the slope and intercept of the step's temporaries between two
-compiled batch sizes; the largest batch is then checked by compiling it.
+S1 and S3 are the slope and intercept of the step's temporaries between the
+compiled batch sizes 2b and 4b (b the config's batch), where the batch
+dominates; the temporaries at b are a floor. The largest batch is then found
+by compiling around the rule's estimate.
 Time comes from easgd/sim/sizing.py's steady state of the timing model, with
 t_c = the step's FLOPs (XLA's cost analysis) / `device.flops`, or
 `cluster.compute_time` where no FLOP rate is given.
@@ -122,33 +124,81 @@ class Memory:
   state: int  # S2
   per_example: float  # S1 / b
   fixed: float  # S3
+  # The temporaries at the smallest batch compiled: below some batch XLA's
+  # largest buffers do not depend on it, and the temporaries stop shrinking.
+  floor: float = 0.0
 
   def activations(self, batch_size: int) -> float:
     """S1(b)."""
     return self.per_example * batch_size
 
   def total(self, batch_size: int) -> float:
-    return self.data + self.state + self.fixed + self.activations(batch_size)
+    temporaries = max(self.fixed + self.activations(batch_size), self.floor)
+    return self.data + self.state + temporaries
 
   def largest_batch(self, device_memory: float) -> int:
     """The largest b with total(b) <= device_memory (0 if none)."""
-    room = device_memory - self.total(0)
-    if room < 0:
+    if self.total(1) > device_memory:
       return 0
-    return int(room // self.per_example) if self.per_example > 0 else 2**62
+    room = device_memory - self.data - self.state - self.fixed
+    return max(1, int(room // self.per_example)) if self.per_example > 0 else 2**62
 
 
 def measure_memory(compiler: StepCompiler, batch_size: int) -> Memory:
-  """The terms of the memory rule from two compiled batch sizes: b and b/2 (or 2)."""
-  other = batch_size // 2 if batch_size >= 2 else 2
-  small, large = sorted((other, batch_size))
-  compiled = {b: compiler.compile(b) for b in (small, large)}
-  stats = compiled[large].memory_analysis()
+  """The terms of the memory rule, fitted on the compiled step at 2b and 4b.
+
+  XLA's temporaries grow linearly with the batch only past the batch where
+  the activations outweigh the buffers that do not depend on it (LeNet-5's
+  stopped shrinking below batch 16 or so); the slope is taken above b, where
+  the batch dominates, and the temporaries at b are kept as the floor.
+  """
+  small, large = 2 * batch_size, 4 * batch_size
+  stats = compiler.compile(large).memory_analysis()
   state = stats.argument_size_in_bytes - compiler.data_bytes
-  variable = {b: compiled_bytes(c) - stats.argument_size_in_bytes for b, c in compiled.items()}
+  variable = {
+    b: compiled_bytes(compiler.compile(b)) - stats.argument_size_in_bytes
+    for b in (batch_size, small, large)
+  }
   per_example = (variable[large] - variable[small]) / (large - small)
   fixed = variable[large] - per_example * large
-  return Memory(data=compiler.data_bytes, state=state, per_example=per_example, fixed=fixed)
+  return Memory(
+    data=compiler.data_bytes,
+    state=state,
+    per_example=per_example,
+    fixed=fixed,
+    floor=variable[batch_size],
+  )
+
+
+def search_largest_batch(compiler: StepCompiler, memory: Memory, device_memory: float, limit: int):
+  """(b, its compiled bytes): the largest batch up to `limit` whose compiled step fits,
+  found by compiling from the rule's estimate (XLA's temporaries are close to
+  linear in the batch, not exactly). (b, bytes) with bytes > device_memory if
+  not even batch 1 fits."""
+
+  def size(b: int) -> int:
+    return compiled_bytes(compiler.compile(b))
+
+  largest = max(1, min(memory.largest_batch(device_memory), limit))
+  checked = size(largest)
+  slope = max(memory.per_example, 1.0)
+  while checked > device_memory and largest > 1:
+    largest = max(1, largest - math.ceil((checked - device_memory) / slope))
+    checked = size(largest)
+  if checked > device_memory:
+    return largest, checked
+  # Upward: steps the rule's slope suggests, halved when they overshoot.
+  step = max(1, int((device_memory - checked) // slope))
+  while largest < limit:
+    candidate = min(limit, largest + step)
+    candidate_bytes = size(candidate)
+    if candidate_bytes <= device_memory:
+      largest, checked = candidate, candidate_bytes
+    elif step == 1:
+      break
+    else:
+      step = max(1, step // 2)
+  return largest, checked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,11 +310,7 @@ def make_plan(config: ml_collections.ConfigDict) -> Plan:
     )
   largest, checked = min(memory_batch, compiler.partition), None
   if memory_batch <= compiler.partition:
-    # XLA's temporaries are close to linear in the batch, not exactly: compile to be sure.
-    checked = compiled_bytes(compiler.compile(largest))
-    while checked > device_memory and largest > 1:
-      largest = max(1, largest - math.ceil((checked - device_memory) / memory.per_example))
-      checked = compiled_bytes(compiler.compile(largest))
+    largest, checked = search_largest_batch(compiler, memory, device_memory, compiler.partition)
     if checked > device_memory:
       raise ConfigError(
         f"no batch fits in config.device.memory={device_memory:.4g} bytes: the step "

@@ -1,8 +1,11 @@
 """Pieces the networks share."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 
 def pad_to(images: jnp.ndarray, side: int) -> jnp.ndarray:
@@ -65,3 +68,121 @@ def _max_pool_backward(saved, grad):
 
 
 max_pool_2x2.defvjp(_max_pool_forward, _max_pool_backward)
+
+
+# Forward by shifted products up to this many input channels.
+SHIFTED_CHANNELS = 3
+_NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def conv_general_dilated(
+  lhs,
+  rhs,
+  window_strides,
+  padding,
+  lhs_dilation=None,
+  rhs_dilation=None,
+  dimension_numbers=None,
+  feature_group_count=1,
+  precision=None,
+  **kwargs,
+):
+  """`lax.conv_general_dilated` (for `nn.Conv(..., conv_general_dilated=...)`), with
+  the forward pass of a stride-1 NHWC convolution of at most SHIFTED_CHANNELS
+  input channels computed as a sum of shifted products:
+      y[b, h, w, :] = sum over (i, j, c) of x_padded[b, h + i, w + j, c] * W[i, j, c, :]
+
+  Why: XLA:CPU's convolution kernels are slow when the input has a channel or
+  three: LeNet-5's first convolution took 6.8 of a 16 ms step (bench/README.md).
+  A few channels make few products, which XLA fuses into one loop. The
+  gradients are XLA's own. The values equal XLA's convolution to float
+  rounding (the same products, added in another order); every other
+  convolution is XLA's.
+  """
+  numbers = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers or _NHWC)
+  if (
+    lhs.ndim == 4
+    and lhs.shape[-1] <= SHIFTED_CHANNELS
+    and all(s == 1 for s in window_strides)
+    and all(d == 1 for d in (lhs_dilation or ()))
+    and all(d == 1 for d in (rhs_dilation or ()))
+    and feature_group_count == 1
+    and precision is None
+    and not kwargs
+    and numbers == lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC)
+  ):
+    if isinstance(padding, str):
+      padding = lax.padtype_to_pads(lhs.shape[1:3], rhs.shape[:2], (1, 1), padding)
+    pads = tuple((int(low), int(high)) for low, high in padding)
+    if all(low >= 0 and high >= 0 for low, high in pads):
+      return _shifted_conv(lhs, rhs, pads)
+  return lax.conv_general_dilated(
+    lhs,
+    rhs,
+    window_strides,
+    padding,
+    lhs_dilation=lhs_dilation,
+    rhs_dilation=rhs_dilation,
+    dimension_numbers=dimension_numbers,
+    feature_group_count=feature_group_count,
+    precision=precision,
+    **kwargs,
+  )
+
+
+def _xla_conv(x, kernel, pads):
+  return lax.conv_general_dilated(x, kernel, (1, 1), pads, dimension_numbers=_NHWC)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _shifted_conv(x, kernel, pads):
+  x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
+  rows, cols, channels, _ = kernel.shape
+  height, width = x.shape[1] - rows + 1, x.shape[2] - cols + 1
+  out = None
+  for i in range(rows):
+    for j in range(cols):
+      for c in range(channels):
+        # A broadcast product, not a dot: XLA fuses the whole sum into one loop.
+        term = x[:, i : i + height, j : j + width, c : c + 1] * kernel[i, j, c]
+        out = term if out is None else out + term
+  return out
+
+
+def _shifted_conv_forward(x, kernel, pads):
+  return _shifted_conv(x, kernel, pads), (x, kernel)
+
+
+def _shifted_conv_backward(pads, saved, grad):
+  x, kernel = saved
+  return jax.vjp(lambda x, kernel: _xla_conv(x, kernel, pads), x, kernel)[1](grad)
+
+
+_shifted_conv.defvjp(_shifted_conv_forward, _shifted_conv_backward)
+
+
+def materialize(x: jnp.ndarray) -> jnp.ndarray:
+  """x, computed once into memory: on XLA:CPU no consumer recomputes it.
+
+  Why: XLA:CPU's fusion copies a cheap elementwise producer into every
+  consumer that can take it, and a ResNet's residual stream is a chain of
+  such producers (BatchNorm, ReLU, additions) from one convolution to the
+  next. Every filter gradient's transpose recomputed that chain back to the
+  stage's first convolution, with a transposed memory access (bench/README.md).
+  XLA does not copy a floating-point division into several consumers, so
+  x / (1 + 0 * x) is computed once, and read by every consumer. It is x bit
+  for bit where x is finite (and NaN where x is infinite, in a run that has
+  diverged anyway). On other platforms x is returned as it is. The gradient
+  passes through unchanged.
+  """
+  return _materialize(x)
+
+
+@jax.custom_jvp
+def _materialize(x):
+  return lax.platform_dependent(x, cpu=lambda x: x / (1 + 0 * x), default=lambda x: x)
+
+
+@_materialize.defjvp
+def _materialize_jvp(primals, tangents):
+  return _materialize(*primals), tangents[0]

@@ -5,7 +5,7 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax.numpy as jnp
 
-from easgd.models.layers import pad_to, reduce_window_max_pool_2x2
+from easgd.models.layers import conv_general_dilated, materialize, max_pool_2x2, pad_to
 
 # LeNet-5 was designed for 32x32 inputs; smaller images are zero-padded up to
 # it so that the network (and its 61,706 parameters on one channel) is the
@@ -21,17 +21,22 @@ class LeNet5(nn.Module):
   """
 
   num_classes: int = 10
-  # The 2x2 max-pool. layers.max_pool_2x2 computes the same values and gradient
-  # bits faster on CPU, but is not the default yet (README, "Speed").
-  pool: Callable[[jnp.ndarray], jnp.ndarray] = reduce_window_max_pool_2x2
+  # The 2x2 max-pool: reduce_window's values and gradient bits, faster on CPU
+  # (bench/max_pool.py compares it with layers.reduce_window_max_pool_2x2).
+  pool: Callable[[jnp.ndarray], jnp.ndarray] = max_pool_2x2
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, train: bool = False) -> jnp.ndarray:
     """Maps images [batch, height, width, channels] to logits [batch, classes]."""
     del train  # no layer behaves differently in training
     x = pad_to(images, _INPUT_SIDE)
-    x = nn.relu(nn.Conv(6, (5, 5), padding="VALID", name="conv1")(x))
-    x = self.pool(x)
+    # One input channel: layers.conv_general_dilated computes this convolution
+    # as XLA:CPU computes it fast, and materialize keeps the pool's gradient
+    # from computing it again.
+    conv1 = nn.Conv(
+      6, (5, 5), padding="VALID", name="conv1", conv_general_dilated=conv_general_dilated
+    )
+    x = self.pool(materialize(nn.relu(conv1(x))))
     x = nn.relu(nn.Conv(16, (5, 5), padding="VALID", name="conv2")(x))
     x = self.pool(x)
     x = x.reshape((x.shape[0], -1))

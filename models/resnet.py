@@ -3,6 +3,8 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
+from easgd.models.layers import materialize
+
 # Running statistics move as in PyTorch's default (momentum 0.1 there), so that
 # the evaluation statistics settle within a few hundred steps.
 _BATCH_NORM = {"momentum": 0.9, "epsilon": 1e-5}
@@ -23,14 +25,14 @@ class BasicBlock(nn.Module):
   def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
     norm = lambda name: nn.BatchNorm(use_running_average=not train, name=name, **_BATCH_NORM)  # noqa: E731
     y = nn.Conv(self.channels, (3, 3), self.stride, padding=1, use_bias=False, name="conv1")(x)
-    y = nn.relu(norm("bn1")(y))
+    y = materialize(nn.relu(norm("bn1")(y)))
     y = nn.Conv(self.channels, (3, 3), padding=1, use_bias=False, name="conv2")(y)
     y = norm("bn2")(y)
     if self.stride != 1 or x.shape[-1] != self.channels:
       x = x[:, :: self.stride, :: self.stride, :]
       extra = self.channels - x.shape[-1]
       x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (extra // 2, extra - extra // 2)))
-    return nn.relu(x + y)
+    return materialize(nn.relu(x + y))
 
 
 class ResNet(nn.Module):
@@ -48,8 +50,11 @@ class ResNet(nn.Module):
   @nn.compact
   def __call__(self, images: jnp.ndarray, train: bool = False) -> jnp.ndarray:
     """Maps images [batch, height, width, channels] to logits [batch, classes]."""
+    # Each convolution's input is materialized (layers.materialize): on XLA:CPU
+    # this keeps the filter gradients from recomputing the residual stream.
     x = nn.Conv(self.widths[0], (3, 3), padding=1, use_bias=False, name="conv")(images)
     x = nn.relu(nn.BatchNorm(use_running_average=not train, name="bn", **_BATCH_NORM)(x))
+    x = materialize(x)
     for stage, width in enumerate(self.widths):
       for block in range(self.blocks_per_stage):
         stride = 2 if stage > 0 and block == 0 else 1

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -26,7 +27,7 @@ def small_config(**cluster):
 def test_memory_terms_predict_another_compiled_batch():
   config = small_config()
   compiler = plan.StepCompiler(config, sharding.make_mesh(2))
-  memory = plan.measure_memory(compiler, 16)  # fitted on batches 8 and 16
+  memory = plan.measure_memory(compiler, 16)  # fitted on batches 32 and 64
   # One worker a device: its 2,000 examples (28x28 uint8 and an int32 label).
   assert memory.data == 2000 * (28 * 28 + 4)
   # The state holds the center, one worker and their momentum-free optimizer
@@ -97,3 +98,34 @@ def test_cli_bad_input_exits_2_with_one_line(overrides, message):
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and message in errors[0]
   assert result.stderr.rstrip().endswith(errors[0]) and result.stdout == ""
+
+
+class _FakeCompiler:
+  """Compiled bytes of a step whose temporaries have a floor and grow in 64-byte
+  steps, nearly but not exactly linearly: what XLA's buffer assignment gives."""
+
+  def __init__(self):
+    self.compiled = []
+
+  def compile(self, batch_size):
+    self.compiled.append(batch_size)
+    temporaries = max(900_000, 300_000 + 64 * ((41_000 * batch_size + batch_size**2) // 64))
+    stats = types.SimpleNamespace(
+      argument_size_in_bytes=2_000_000,
+      temp_size_in_bytes=temporaries,
+      output_size_in_bytes=500_000,
+      alias_size_in_bytes=500_000,
+    )
+    return types.SimpleNamespace(memory_analysis=lambda: stats)
+
+
+@pytest.mark.parametrize("device_memory", [2.95e6, 3.5e6, 20e6])
+def test_the_largest_batch_is_found_exactly_despite_a_floor_and_curvature(device_memory):
+  compiler = _FakeCompiler()
+  size = lambda b: plan.compiled_bytes(compiler.compile(b))  # noqa: E731
+  memory = plan.Memory(data=0, state=2_000_000, per_example=41_000, fixed=300_000, floor=900_000)
+  largest, checked = plan.search_largest_batch(compiler, memory, device_memory, limit=5000)
+  assert checked == size(largest) <= device_memory
+  assert size(largest + 1) > device_memory
+  # Near-linear: a handful of compiles, not a scan.
+  assert len(compiler.compiled) <= 14
