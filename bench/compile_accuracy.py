@@ -28,21 +28,28 @@ from easgd.configs import default  # noqa: E402
 from easgd.infra import compile as compile_lib  # noqa: E402
 from easgd.models import layers, lenet  # noqa: E402
 
-# label: (compiler options, LeNet-5's first convolution)
+# label: (run directory, compiler options, LeNet-5's first convolution)
 VARIANTS = {
-  "XLA defaults": ({}, lax.conv_general_dilated),
-  "options, XLA's conv1": (dict(compile_lib.OPTIONS), lax.conv_general_dilated),
-  "options, shifted conv1": (dict(compile_lib.OPTIONS), layers.conv_general_dilated),
+  "XLA defaults": ("xla_defaults", {}, lax.conv_general_dilated),
+  "options, XLA's conv1": ("options", dict(compile_lib.OPTIONS), lax.conv_general_dilated),
+  "options, shifted conv1": (
+    "options_shifted_conv1",
+    dict(compile_lib.OPTIONS),
+    layers.conv_general_dilated,
+  ),
 }
 
 
 def seeds(text: str) -> list[int]:
   try:
-    return [int(seed) for seed in text.split(",")]
+    values = [int(seed) for seed in text.split(",")]
   except ValueError:
     raise argparse.ArgumentTypeError(
       f"{text!r} is not a comma-separated list of integers"
     ) from None
+  if len(set(values)) < len(values):
+    raise argparse.ArgumentTypeError(f"{text!r} repeats a seed: each is a run of its own")
+  return values
 
 
 def main():
@@ -56,14 +63,14 @@ def main():
     arguments.fail(f"--workdir={args.workdir!r} is not empty: give a new directory")
   logging.set_verbosity(logging.WARNING)
   results = {}
-  for label, (options, conv) in VARIANTS.items():
+  for label, (directory, options, conv) in VARIANTS.items():
     compile_lib.OPTIONS.clear()
     compile_lib.OPTIONS.update(options)
     lenet.conv_general_dilated = conv  # read when LeNet-5 is traced
     for seed in args.seeds:
       config = default.get_config()
       config.seed = seed
-      workdir = os.path.join(args.workdir, label.replace(" ", "_").replace(",", ""), str(seed))
+      workdir = os.path.join(args.workdir, directory, str(seed))
       metrics = trainer.train_and_evaluate(config, workdir).metrics
       results[label, seed] = metrics["eval/center_accuracy"]
   print(f"{'':24}" + "".join(f"{f'seed {s}':>9}" for s in args.seeds) + f"{'mean':>9}")

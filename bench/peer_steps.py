@@ -78,11 +78,12 @@ def jax_variant(spec, name, batch_size):
     compiled = compile_program(
       jax.jit(step, donate_argnums=0).lower(state["tree"], images, labels), "cpu", options
     )
-    forward = jax.jit(lambda tree: loss_fn(tree, batch)[0])
-    backward = jax.jit(jax.grad(lambda tree: loss_fn(tree, batch)[0]))
+    # The batch is an argument, as in the step (a captured array would be a constant).
+    forward = jax.jit(lambda tree, batch: loss_fn(tree, batch)[0])
+    backward = jax.jit(jax.grad(lambda tree, batch: loss_fn(tree, batch)[0]))
     parts = {
-      "forward": compile_program(forward.lower(state["tree"]), "cpu", options),
-      "forward+backward": compile_program(backward.lower(state["tree"]), "cpu", options),
+      "forward": compile_program(forward.lower(state["tree"], batch), "cpu", options),
+      "forward+backward": compile_program(backward.lower(state["tree"], batch), "cpu", options),
     }
 
     def run(count):
@@ -93,9 +94,9 @@ def jax_variant(spec, name, batch_size):
     def split(count):
       out = {}
       for part, fn in parts.items():
-        jax.block_until_ready(fn(state["tree"]))
+        jax.block_until_ready(fn(state["tree"], batch))
         out[part] = _seconds(
-          lambda fn=fn: jax.block_until_ready([fn(state["tree"]) for _ in range(count)])
+          lambda fn=fn: jax.block_until_ready([fn(state["tree"], batch) for _ in range(count)])
         )
       return out
 
@@ -175,11 +176,15 @@ def torch_variant(spec, name, batch_size):
 
 def worker_main(spec, name, batch_size):
   """One variant's process: build, warm up, then answer the parent's commands."""
+  # The replies go to the process's original standard output; anything a
+  # library prints goes to standard error instead, not into the protocol.
+  replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+  os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
   build = torch_variant if spec["kind"] == "torch" else jax_variant
   handlers = build(spec, name, batch_size)
   if "run" in handlers:
     handlers["run"](2)  # warm-up
-  print(json.dumps(handlers.get("ready", {})), flush=True)
+  print(json.dumps(handlers.get("ready", {})), file=replies, flush=True)
   for line in sys.stdin:
     command, *count = line.split()
     if command == "exit":
@@ -191,4 +196,4 @@ def worker_main(spec, name, batch_size):
       reply = handlers["split"](count) if handlers.get("split") else {}
     else:
       reply = handlers[command]()
-    print(json.dumps(reply), flush=True)
+    print(json.dumps(reply), file=replies, flush=True)

@@ -110,12 +110,14 @@ class Worker:
     return self._reply()
 
   def close(self):
-    self.ask_nothing("exit")
+    """Asks the process to exit, if it still runs, and waits for it."""
+    if self.process.poll() is None:
+      try:
+        self.process.stdin.write("exit\n")
+        self.process.stdin.flush()
+      except OSError:  # it ended meanwhile
+        pass
     self.process.wait()
-
-  def ask_nothing(self, command):
-    self.process.stdin.write(command + "\n")
-    self.process.stdin.flush()
 
 
 def torch_available() -> str | None:
@@ -123,16 +125,27 @@ def torch_available() -> str | None:
   return None if spec is None else spec.name
 
 
+def chosen_variants(only: str) -> dict[str, dict]:
+  """The variants to time: those --only names (all by default) that can run here."""
+  chosen = {
+    label: spec
+    for label, spec in variants(xla_threads()).items()
+    if (spec["kind"] != "torch" or torch_available())
+    and (not only or any(part in label for part in only.split(";")))
+  }
+  if not chosen:
+    arguments.fail(
+      f"--only={only!r} matches no variant that can run here; they are: "
+      + "; ".join(variants(xla_threads()))
+      + ("" if torch_available() else " (the torch ones need torch)")
+    )
+  return chosen
+
+
 def measure(name, args, peak_worker, steps):
   """Starts every variant of network `name`, times them in alternating rounds,
   and returns {label: {"rates": [...], "loads": [...], "split": {...}}} and the peak."""
-  threads = xla_threads()
-  chosen = {
-    label: spec
-    for label, spec in variants(threads).items()
-    if (spec["kind"] != "torch" or torch_available())
-    and (not args.only or any(part in label for part in args.only.split(";")))
-  }
+  chosen = chosen_variants(args.only)
   workers = {}
   try:
     for label, spec in chosen.items():
@@ -151,12 +164,13 @@ def measure(name, args, peak_worker, steps):
     if args.split:
       for label, worker in workers.items():
         results[label]["split"] = worker.ask(f"split {steps}")
+    # The plain step's FLOPs for every row; another JAX step's if it was left out.
     plain = workers.get("jax plain, 1 device")
     jax_workers = [plain] if plain else [w for w in workers.values() if "flops_per_step" in w.ready]
     flops = jax_workers[0].ready["flops_per_step"] if jax_workers else 0.0
   finally:
     for worker in workers.values():
-      worker.close()
+      worker.close()  # never raises: a crashed worker's own message stays the last word
   return results, max(peaks), flops
 
 
@@ -180,11 +194,10 @@ def print_table(name, args, steps, results, peak, flops_per_step):
   for label, result in results.items():
     rate = statistics.median(result["rates"])
     ratio = f"{rate / torch_best:.2f}x" if torch_best else "-"
-    fraction = flops_per_step * rate / args.batch_size / peak
+    # Without a JAX row there is no FLOP count to go by.
+    fraction = f"{flops_per_step * rate / args.batch_size / peak:.1%}" if flops_per_step else "-"
     loads = result["loads"]
-    print(
-      f"| {label} | {rate:.0f} | {ratio} | {fraction:.1%} | {min(loads):.2f}-{max(loads):.2f} |"
-    )
+    print(f"| {label} | {rate:.0f} | {ratio} | {fraction} | {min(loads):.2f}-{max(loads):.2f} |")
   if args.split:
     print("\n| variant | forward ms | forward + backward ms | whole step ms |")
     print("| --- | --- | --- | --- |")
@@ -199,6 +212,8 @@ def print_table(name, args, steps, results, peak, flops_per_step):
 
 
 def model_names(text: str) -> list[str]:
+  if not text:
+    raise argparse.ArgumentTypeError("is empty; choose from " + ",".join(SHAPES))
   names = text.split(",")
   unknown = [name for name in names if name not in SHAPES]
   if unknown:
@@ -220,6 +235,11 @@ def main():
   )
   parser.add_argument("--worker", help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.batch_size > peer_steps.PARTITION:
+    parser.error(
+      f"--batch_size={args.batch_size} is invalid: sync_easgd draws it from "
+      f"{peer_steps.PARTITION} resident images a worker; use at most that"
+    )
   if args.batch_size % 2:
     parser.error(
       f"--batch_size={args.batch_size} is invalid: the 2-device rows halve it; use an even number"
@@ -227,6 +247,7 @@ def main():
   if args.worker:
     peer_steps.worker_main(json.loads(args.worker), args.models[0], args.batch_size)
     return
+  chosen_variants(args.only)  # a bad --only stops here, before any process starts
   print(time.strftime("%Y-%m-%d %H:%M"), f"load average {os.getloadavg()[0]:.2f}")
   if torch_available():
     print(f"torch found; XLA:CPU and torch's first rows use {xla_threads()} threads")

@@ -13,10 +13,11 @@ XLA's memory analysis of the compiled training step (this machine's backend):
     S1    samples and every layer's outputs and their gradients: s1 * b
     S2    the training state: parameters, center, optimizer state, counters
     S3    temporaries that do not grow with the batch (workspace, metrics)
-S1 and S3 are the slope and intercept of the step's temporaries between the
-compiled batch sizes 2b and 4b (b the config's batch), where the batch
-dominates; the temporaries at b are a floor. The largest batch is then found
-by compiling around the rule's estimate.
+S1 and S3 are the slope and intercept of the step's temporaries between two
+compiled batch sizes where the batch dominates (2b and 4b, b the config's
+batch, at least 32 and 64, at most the partition); the temporaries at batch
+1 are a floor under that line. The largest batch is then found by compiling
+around the rule's estimate.
 Time comes from easgd/sim/sizing.py's steady state of the timing model, with
 t_c = the step's FLOPs (XLA's cost analysis) / `device.flops`, or
 `cluster.compute_time` where no FLOP rate is given.
@@ -124,8 +125,8 @@ class Memory:
   state: int  # S2
   per_example: float  # S1 / b
   fixed: float  # S3
-  # The temporaries at the smallest batch compiled: below some batch XLA's
-  # largest buffers do not depend on it, and the temporaries stop shrinking.
+  # The temporaries at batch 1: below some batch XLA's largest buffers do not
+  # depend on it, and the temporaries stop shrinking.
   floor: float = 0.0
 
   def activations(self, batch_size: int) -> float:
@@ -145,28 +146,30 @@ class Memory:
 
 
 def measure_memory(compiler: StepCompiler, batch_size: int) -> Memory:
-  """The terms of the memory rule, fitted on the compiled step at 2b and 4b.
+  """The terms of the memory rule, fitted on the compiled step at two batches where
+  the batch dominates: 2b and 4b, at least 32 and 64, at most the partition.
 
   XLA's temporaries grow linearly with the batch only past the batch where
   the activations outweigh the buffers that do not depend on it (LeNet-5's
-  stopped shrinking below batch 16 or so); the slope is taken above b, where
-  the batch dominates, and the temporaries at b are kept as the floor.
+  stop shrinking below batch 16 or so); the temporaries at batch 1 are kept
+  as the floor under the straight line.
   """
-  small, large = 2 * batch_size, 4 * batch_size
+  large = min(compiler.partition, max(4 * batch_size, 64))
+  small = max(1, large // 2)
   stats = compiler.compile(large).memory_analysis()
   state = stats.argument_size_in_bytes - compiler.data_bytes
   variable = {
     b: compiled_bytes(compiler.compile(b)) - stats.argument_size_in_bytes
-    for b in (batch_size, small, large)
+    for b in sorted({1, small, large})
   }
-  per_example = (variable[large] - variable[small]) / (large - small)
+  per_example = (variable[large] - variable[small]) / (large - small) if large > small else 0.0
   fixed = variable[large] - per_example * large
   return Memory(
     data=compiler.data_bytes,
     state=state,
     per_example=per_example,
     fixed=fixed,
-    floor=variable[batch_size],
+    floor=variable[1],
   )
 
 
@@ -212,7 +215,7 @@ class Plan:
   memory: Memory
   memory_batch: int  # the largest batch the memory allows
   largest_batch: int  # and the partition too
-  checked_bytes: int | None  # compiled peak at largest_batch, where it was compiled
+  checked_bytes: int  # compiled peak at largest_batch
   step_flops: float  # per worker, at config.data.batch_size
   timing: sizing.Timing
   compute_source: str
@@ -237,17 +240,18 @@ class Plan:
       f" of {config.device.memory / mb:.1f} MB",
       "  (XLA's own buffers: a runtime's allocations outside them need headroom; docs/scaling.md)",
     ]
-    if self.memory_batch > self.partition:
+    predicted = (
+      f"predicted {memory.total(self.largest_batch) / mb:.3f} MB, "
+      f"compiled {self.checked_bytes / mb:.3f} MB"
+    )
+    if self.largest_batch == self.partition:
+      allowed = f"{self.memory_batch}" if self.memory_batch < 2**62 else "any batch"
       lines.append(
         f"largest batch: {self.largest_batch}, set by the partition of {self.partition} "
-        f"examples a worker (the memory would allow {self.memory_batch})"
+        f"examples a worker (the memory rule would allow {allowed}; {predicted})"
       )
     else:
-      checked = f"; compiled: {self.checked_bytes / mb:.3f} MB" if self.checked_bytes else ""
-      lines.append(
-        f"largest batch: {self.largest_batch}, set by the memory "
-        f"(predicted {memory.total(self.largest_batch) / mb:.3f} MB{checked})"
-      )
+      lines.append(f"largest batch: {self.largest_batch}, set by the memory ({predicted})")
     p = config.workers
     lines += [
       "",
@@ -308,14 +312,12 @@ def make_plan(config: ml_collections.ConfigDict) -> Plan:
       f"activations {memory.per_example:.4g}, fixed temporaries {memory.fixed:.4g}); "
       "use fewer workers a device, a smaller model or a larger device"
     )
-  largest, checked = min(memory_batch, compiler.partition), None
-  if memory_batch <= compiler.partition:
-    largest, checked = search_largest_batch(compiler, memory, device_memory, compiler.partition)
-    if checked > device_memory:
-      raise ConfigError(
-        f"no batch fits in config.device.memory={device_memory:.4g} bytes: the step "
-        f"compiled at batch 1 needs {checked:.4g}"
-      )
+  largest, checked = search_largest_batch(compiler, memory, device_memory, compiler.partition)
+  if checked > device_memory:
+    raise ConfigError(
+      f"no batch fits in config.device.memory={device_memory:.4g} bytes: the step "
+      f"compiled at batch 1 needs {checked:.4g}"
+    )
   cost = compiler.compile(config.data.batch_size).cost_analysis()
   per_device = config.workers // mesh.size
   step_flops = float(cost["flops"]) / per_device

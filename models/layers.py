@@ -42,7 +42,7 @@ def max_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
   Why: XLA:CPU runs reduce_window's gradient (select-and-scatter) several
   times slower than this reshape and max. The gradient goes, as
   select-and-scatter sends it, to the first maximum of each window in
-  row-major order, added to zero.
+  row-major order, added to zero. A custom VJP: reverse mode only.
   """
   return _windows(x).max(axis=-1)
 
@@ -96,26 +96,36 @@ def conv_general_dilated(
   three: LeNet-5's first convolution took 6.8 of a 16 ms step (bench/README.md).
   A few channels make few products, which XLA fuses into one loop. The
   gradients are XLA's own. The values equal XLA's convolution to float
-  rounding (the same products, added in another order); every other
-  convolution is XLA's.
+  rounding (the same products, added in another order). Only float32 on the
+  CPU takes this path; every other convolution is XLA's, bit for bit. It has
+  a reverse-mode derivative only (a custom VJP), as jax.grad needs.
   """
-  numbers = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers or _NHWC)
   if (
     lhs.ndim == 4
+    and rhs.ndim == 4
+    and lhs.dtype == rhs.dtype == jnp.float32
     and lhs.shape[-1] <= SHIFTED_CHANNELS
-    and all(s == 1 for s in window_strides)
+    and tuple(window_strides) == (1, 1)
     and all(d == 1 for d in (lhs_dilation or ()))
     and all(d == 1 for d in (rhs_dilation or ()))
     and feature_group_count == 1
     and precision is None
     and not kwargs
-    and numbers == lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC)
+    and dimension_numbers is not None
+    and lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+    == lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC)
+    and rhs.shape[2] == lhs.shape[3]
   ):
     if isinstance(padding, str):
       padding = lax.padtype_to_pads(lhs.shape[1:3], rhs.shape[:2], (1, 1), padding)
     pads = tuple((int(low), int(high)) for low, high in padding)
     if all(low >= 0 and high >= 0 for low, high in pads):
-      return _shifted_conv(lhs, rhs, pads)
+      return lax.platform_dependent(
+        lhs,
+        rhs,
+        cpu=lambda x, kernel: _shifted_conv(x, kernel, pads),
+        default=lambda x, kernel: _xla_conv(x, kernel, pads),
+      )
   return lax.conv_general_dilated(
     lhs,
     rhs,
@@ -175,6 +185,8 @@ def materialize(x: jnp.ndarray) -> jnp.ndarray:
   diverged anyway). On other platforms x is returned as it is. The gradient
   passes through unchanged.
   """
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    return x  # a division would change the type; only floating chains are fused this way
   return _materialize(x)
 
 

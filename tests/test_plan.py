@@ -125,7 +125,26 @@ def test_the_largest_batch_is_found_exactly_despite_a_floor_and_curvature(device
   size = lambda b: plan.compiled_bytes(compiler.compile(b))  # noqa: E731
   memory = plan.Memory(data=0, state=2_000_000, per_example=41_000, fixed=300_000, floor=900_000)
   largest, checked = plan.search_largest_batch(compiler, memory, device_memory, limit=5000)
+  # Near-linear: a handful of compiles, not a scan.
+  assert len(compiler.compiled) <= 12
   assert checked == size(largest) <= device_memory
   assert size(largest + 1) > device_memory
-  # Near-linear: a handful of compiles, not a scan.
-  assert len(compiler.compiled) <= 14
+
+
+@pytest.mark.parametrize("batch_size,partition", [(1, 5000), (16, 5000), (1000, 1500), (8, 8)])
+def test_the_rule_is_fitted_within_the_partition_and_its_floor_is_batch_ones(batch_size, partition):
+  compiler = _FakeCompiler()
+  compiler.partition, compiler.data_bytes = partition, 0
+  memory = plan.measure_memory(compiler, batch_size)
+  assert max(compiler.compiled) <= partition
+  size = lambda b: plan.compiled_bytes(compiler.compile(b))  # noqa: E731
+  # The line passes through the larger batch it was fitted on, and the floor
+  # holds it up to what batch 1 needs.
+  fitted = min(partition, max(4 * batch_size, 64))
+  assert memory.total(fitted) == pytest.approx(size(fitted), rel=1e-6)
+  assert memory.total(1) == size(1)
+  # A config batch that does not fit does not hide the smaller ones that do.
+  device_memory = size(max(1, batch_size // 4))
+  largest, checked = plan.search_largest_batch(compiler, memory, device_memory, partition)
+  assert checked <= device_memory
+  assert largest == partition or size(largest + 1) > device_memory
