@@ -12,7 +12,8 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   # What is trained, by whom. Rules: python -c "from easgd import rules; print(list(rules.RULES))"
   config.algorithm = "sync_easgd"  # a rule of easgd.rules.registry, or "pipeline"
-  config.model = "lenet5"  # lenet5 | mlp | alexnet | resnet20 | vgg11
+  # lenet5 | mlp | alexnet | resnet20 | vgg11 (CIFAR-sized); resnet50 | alexnet_imagenet (ImageNet)
+  config.model = "lenet5"
   config.workers = 8  # P; an array axis sharded over the devices
   config.seed = 0
   # Sums over workers added in worker order after an all-gather, instead of an
@@ -20,12 +21,25 @@ def get_config() -> ml_collections.ConfigDict:
   # the same bits on every process layout with the same workers a device
   # (README, "Layouts and bits"; bench/deterministic_sums.py measures the cost).
   config.deterministic_sums = False
+  # What the models compute in: "float32", or "bfloat16" for activations, matrix
+  # products and convolutions (for accelerators; slower on a CPU). Parameters, the
+  # center, optimizer state, BatchNorm statistics, the loss and the exchanges'
+  # sums stay float32 (README, "Speed").
+  config.dtype = "float32"
 
   # The data and each worker's batches.
   config.data = ml_collections.ConfigDict()
-  config.data.dataset = "mnist5k"  # mnist5k | digits | mnist | fashion_mnist | cifar10 | cifar100
+  # mnist5k | digits | mnist | fashion_mnist | cifar10 | cifar100 | imagenette |
+  # imagenet2012 | records (a folder of easgd.data.records in run.data_dir)
+  config.data.dataset = "mnist5k"
   config.data.augment = "none"  # none | crop_flip (CIFAR's pad-4 random crop and flip)
   config.data.batch_size = 32  # per worker (pipeline: per model)
+  # Where the workers' examples come from (easgd/data/stream.py): "device" places
+  # the training partitions on the devices once; "stream" reads each worker's
+  # batches on the host as it trains (the same batches); "auto" places them when
+  # one device's partitions fit in device_budget bytes, else streams.
+  config.data.source = "auto"  # auto | device | stream
+  config.data.device_budget = 2e9  # bytes a device may hold of training data
 
   # The workers' local step: an optax optimizer and its learning-rate schedule
   # (easgd/rules/optimizers.py); sync_sgd's shared model takes it too.
@@ -128,5 +142,9 @@ def get_config() -> ml_collections.ConfigDict:
   # divide them. 0: the largest divisor of them that is at most 8 and at
   # most the devices there are (virtual CPU devices are created on a CPU).
   config.run.devices = 0
-  config.run.data_dir = ""  # TFDS data_dir; "" for TFDS's default
+  config.run.data_dir = ""  # TFDS data_dir ("" for TFDS's default), or a records folder
+  # "START:STEPS": a jax.profiler trace of steps START+1 .. START+STEPS into
+  # WORKDIR/profile, for TensorBoard's Profile tab (pip install xprof; README,
+  # "Profiling a window of steps"); only those steps pay for it. "": off.
+  config.run.profile = ""
   return config

@@ -28,9 +28,10 @@ from absl import logging
 from jax.sharding import Mesh
 
 from easgd import evaluation, models, schema, steps, validation
+from easgd.data import stream
 from easgd.data.datasets import Dataset, load_dataset
-from easgd.errors import TrainingDiverged
-from easgd.infra import checkpoint, preemption, sharding, watchdog
+from easgd.errors import ConfigError, TrainingDiverged
+from easgd.infra import checkpoint, preemption, profiler, sharding, watchdog
 from easgd.rules import model_state
 
 # Programs queued without waiting for a result. More than about 32 queued
@@ -50,7 +51,8 @@ class TrainResult:
 
 @dataclasses.dataclass
 class Setup:
-  """What every run is built on; `parts` training partitions placed on `mesh`."""
+  """What every run is built on: the training set split into `parts` partitions,
+  placed on `mesh` or streamed (`placement`)."""
 
   config: ml_collections.ConfigDict
   workdir: str
@@ -61,8 +63,14 @@ class Setup:
   init_params: Callable[[jax.Array], Any]  # key -> one model's tree
   evaluator: evaluation.Evaluator
   checkpointer: checkpoint.Checkpointer
-  train_images: jax.Array  # [parts, n, H, W, C], split over the mesh
-  train_labels: jax.Array  # [parts, n]
+  placement: stream.Placement
+  # Placed: [parts, n, H, W, C] and [parts, n], split over the mesh; streamed: None.
+  train_images: jax.Array | None
+  train_labels: jax.Array | None
+
+  @property
+  def streamed(self) -> bool:
+    return self.placement.source == stream.STREAM
 
   @property
   def platform(self) -> str:
@@ -110,16 +118,27 @@ def setup(config: ml_collections.ConfigDict, workdir: str, parts_per_device: int
   parts = num_devices * parts_per_device if parts_per_device else config.workers
   dataset = check_inputs(config, workdir, parts)
   mesh = sharding.make_mesh(num_devices)
-  model = models.get_model(config.model, dataset.num_classes)
+  model = models.get_model(config.model, dataset.num_classes, config.dtype)
   normalize = steps.make_normalize(dataset)
   sample = jnp.zeros((1, *dataset.train_images.shape[1:]))
 
   def init_params(key):
     return model_state.model_tree(model.init(key, sample))
 
-  train_images, train_labels = sharding.place_partitions(
-    mesh, dataset.train_images, dataset.train_labels, parts, config.seed
+  placement = stream.choose(
+    config.data, dataset.train_images.shape[1:], len(dataset.train_labels), parts, num_devices
   )
+  if config.algorithm == schema.PIPELINE and placement.source == stream.STREAM:
+    raise ConfigError(
+      f"config.data.source={config.data.source!r}: the pipeline keeps one partition a device "
+      f"on the devices and cannot stream ({placement.reason}); use data.source=device"
+    )
+  logging.info("training data: %s (%s)", placement.source, placement.reason)
+  train_images = train_labels = None
+  if placement.source == stream.DEVICE:
+    train_images, train_labels = sharding.place_partitions(
+      mesh, dataset.train_images, dataset.train_labels, parts, config.seed
+    )
   evaluator = evaluation.Evaluator(
     mesh, steps.make_apply_fn(model, normalize), dataset.test_images, dataset.test_labels
   )
@@ -133,6 +152,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, parts_per_device: int
     init_params=init_params,
     evaluator=evaluator,
     checkpointer=checkpoint.Checkpointer(workdir),
+    placement=placement,
     train_images=train_images,
     train_labels=train_labels,
   )
@@ -142,6 +162,7 @@ class Trainee(Protocol):
   """What a trainer tells the loop; everything else is the loop's."""
 
   num_models: int  # models whose divergence the loop watches (the rules: 1)
+  state: Any  # the training state on the devices; a profile window waits for it
 
   def step(self) -> tuple[Any, Any]:
     """Runs one training step; returns its metrics on the devices (fetched later)
@@ -214,6 +235,7 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
   total = schedule.total_steps
   pending: collections.deque = collections.deque()
   divergence = Divergence(trainee.num_models)
+  window = profiler.Window(schedule.profile, total, start)  # run.profile; off for ""
 
   def consume(count: int) -> None:
     taken = [pending.popleft() for _ in range(count)]
@@ -231,6 +253,9 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
   resumed_at, train_seconds = time.perf_counter(), 0.0
   try:
     while step < total:
+      if window.opens(step):
+        with dog.phase("profile start", step):
+          window.start(trainee.state, checkpointer.workdir, step)
       with dog.phase("training step", step + 1):
         metrics, context = trainee.step()
         step += 1
@@ -239,6 +264,9 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
           consume(1)
         # Every process answers here (multi-process: a collective agreement).
         preempted = watch.should_stop(step)
+      if window.closes(step):
+        with dog.phase("profile stop", step):
+          window.stop(trainee.state, step)
       log_now = due(step, schedule.log_every, total)
       eval_now = due(step, schedule.eval_every, total)
       save_now = preempted or due(step, schedule.checkpoint_every, total)
@@ -279,6 +307,7 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
     kept = f"the checkpoint of step {last} is kept" if last is not None else "no checkpoint"
     raise TrainingDiverged(f"{error}; stopped, {kept}") from None
   finally:
+    window.close(step)  # a run that ended inside the window: no trace is left open
     dog.close()
     watch.close()
     checkpointer.close()

@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from easgd import cli, models, schema, steps, validation
-from easgd.data import datasets
+from easgd.data import datasets, stream
 from easgd.errors import ConfigError
 from easgd.infra import sharding
 from easgd.infra.compile import compile_program
@@ -73,9 +73,14 @@ class StepCompiler:
   def __init__(self, config: ml_collections.ConfigDict, mesh):
     self.config = config
     self.mesh = mesh
-    self.shape = datasets.SHAPES[config.data.dataset]
+    self.shape = datasets.shape_of(config.data.dataset, config.run.data_dir)
     self.partition = self.shape.train_examples // config.workers
-    self.model = models.get_model(config.model, self.shape.num_classes)
+    # Placed partitions are an argument of every step; streamed, one batch is.
+    self.placement = stream.choose(
+      config.data, self.shape.image_shape, self.shape.train_examples, config.workers, mesh.size
+    )
+    self.streamed = self.placement.source == stream.STREAM
+    self.model = models.get_model(config.model, self.shape.num_classes, config.dtype)
     images = jnp.zeros((1, *self.shape.image_shape), jnp.uint8)
     params = model_state.model_tree(jax.eval_shape(self.model.init, jax.random.PRNGKey(0), images))
     self.model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
@@ -101,18 +106,36 @@ class StepCompiler:
 
   @property
   def data_bytes(self) -> int:
-    """The resident partitions on one device."""
+    """The resident partitions on one device (none when streamed)."""
+    if self.streamed:
+      return 0
     per_device = self.config.workers // self.mesh.size
     return sum(
       per_device * math.prod(x.shape[1:]) * x.dtype.itemsize for x in (self.images, self.labels)
     )
 
+  def input_bytes(self, batch_size: int) -> int:
+    """What the step's data arguments hold on one device: the partitions, or one
+    step's batches when streamed."""
+    if not self.streamed:
+      return self.data_bytes
+    per_device = self.config.workers // self.mesh.size
+    return per_device * batch_size * stream.example_bytes(self.shape.image_shape)
+
   def compile(self, batch_size: int):
     """The compiled step for per-worker batches of `batch_size` (compiled once)."""
     if batch_size not in self._compiled:
-      step = steps.build_train_step(self.rule, self.loss_fn, self.mesh, self.state, batch_size)
       # The program train.py runs, compiled with the same options.
-      lowered = step.lower(self.state, self.images, self.labels, self.tick)
+      if self.streamed:
+        step = steps.build_batch_step(self.rule, self.loss_fn, self.mesh, self.state)
+        split = self.images.sharding
+        batch = (self.config.workers, batch_size)
+        images = jax.ShapeDtypeStruct((*batch, *self.shape.image_shape), jnp.uint8, sharding=split)
+        labels = jax.ShapeDtypeStruct(batch, jnp.int32, sharding=split)
+        lowered = step.lower(self.state, images, labels, self.tick)
+      else:
+        step = steps.build_train_step(self.rule, self.loss_fn, self.mesh, self.state, batch_size)
+        lowered = step.lower(self.state, self.images, self.labels, self.tick)
       self._compiled[batch_size] = compile_program(lowered, self.mesh.devices.flat[0].platform)
     return self._compiled[batch_size]
 
@@ -157,9 +180,11 @@ def measure_memory(compiler: StepCompiler, batch_size: int) -> Memory:
   large = min(compiler.partition, max(4 * batch_size, 64))
   small = max(1, large // 2)
   stats = compiler.compile(large).memory_analysis()
-  state = stats.argument_size_in_bytes - compiler.data_bytes
+  state = stats.argument_size_in_bytes - compiler.input_bytes(large)
+  # Streamed, the step's batches are arguments that grow with b: they count
+  # with the temporaries.
   variable = {
-    b: compiled_bytes(compiler.compile(b)) - stats.argument_size_in_bytes
+    b: compiled_bytes(compiler.compile(b)) - state - compiler.data_bytes
     for b in sorted({1, small, large})
   }
   per_example = (variable[large] - variable[small]) / (large - small) if large > small else 0.0
@@ -232,7 +257,8 @@ class Plan:
       "",
       f"memory per device (XLA's analysis of the compiled step on "
       f"{jax.devices()[0].platform}), batch {b}:",
-      f"  data (resident partitions)      {memory.data / mb:10.3f} MB",
+      f"  data (resident partitions)      {memory.data / mb:10.3f} MB"
+      + (" (streamed: batches count with S1)" if memory.data == 0 else ""),
       f"  S1 activations {memory.per_example:9.0f} B/example {memory.activations(b) / mb:10.3f} MB",
       f"  S2 state (params, opt, center)  {memory.state / mb:10.3f} MB",
       f"  S3 batch-independent temporaries{memory.fixed / mb:10.3f} MB",
@@ -293,7 +319,9 @@ def check_plannable(config: ml_collections.ConfigDict) -> None:
       "needs each device's memory in bytes (> 0), e.g. 16e9"
     )
   validation.validate_partition(
-    config, datasets.SHAPES[config.data.dataset].train_examples, config.workers
+    config,
+    datasets.shape_of(config.data.dataset, config.run.data_dir).train_examples,
+    config.workers,
   )
 
 

@@ -16,7 +16,8 @@ Groups (configs/default.py; README, "Configuring runs"):
 Nothing here is a list of fields kept by hand: a field's role follows from
 its group and from what the algorithm declares it reads (`Rule.reads`, the
 pipeline's `READS`, `LAYOUT_READS` and `IGNORED_GROUPS`):
-  * `run.*` and `device.*` never change the trajectory (but the pipeline's
+  * `run.*`, `device.*` and where the data is read from (data.source,
+    data.device_budget) never change the trajectory (but the pipeline's
     data is split one partition a device: `run.devices` shapes it; and a
     learning-rate schedule spans `run.total_steps`, which then shapes it);
   * the algorithm groups (optimizer, outer, downpour, pipeline) change it
@@ -33,6 +34,7 @@ import math
 
 import ml_collections
 
+from easgd.data import stream
 from easgd.pipeline import programs as pipeline_programs
 from easgd.rules import RULES, optimizers
 
@@ -72,12 +74,13 @@ MOVED = {
   "log_every": "run.log_every",
   "eval_every": "run.eval_every",
   "checkpoint_every": "run.checkpoint_every",
+  "profile": "run.profile",
 }
 
 
 # Fields added since, with the value that computes what the versions before them
 # did: a checkpoint whose config lacks one was written under that value.
-EARLIER_VALUES = {"deterministic_sums": False}
+EARLIER_VALUES = {"deterministic_sums": False, "dtype": "float32"}
 
 
 def hint(field: str) -> str:
@@ -155,7 +158,8 @@ def shapes_trajectory(field: str, algorithm: str, optimizer=None) -> bool:
       return True
     if group in pipeline_programs.IGNORED_GROUPS:
       return False
-  if group in RUN_GROUPS:
+  # Placed or streamed, the workers get the same batches.
+  if group in RUN_GROUPS or field in stream.PLACEMENT_FIELDS:
     return False
   return group not in ALGORITHM_GROUPS or _read_by(field, algorithm)
 

@@ -1,9 +1,12 @@
-"""Compiled programs: a rule's step over the mesh, with batches drawn on device.
+"""Compiled programs: a rule's step over the mesh, with batches drawn on device
+or handed to it.
 
-The training data never leaves the devices after it is placed: each device
-holds its workers' partitions, and every step draws each worker's batch from
-its own partition with indices that are a pure function of (rng, worker,
-the worker's local step count).
+With the data on the devices (config.data.source=device) the training data
+never leaves them after it is placed: each device holds its workers'
+partitions, and every step draws each worker's batch from its own partition
+with indices that are a pure function of (rng, worker, the worker's local
+step count). Streamed (easgd.data.stream) the host reads the same examples
+and the step takes them as arguments; either way the step augments them.
 """
 
 from collections.abc import Callable
@@ -19,6 +22,7 @@ from easgd.data import augment as augment_lib
 from easgd.data.datasets import Dataset
 from easgd.infra import sharding
 from easgd.rules import AXIS, LossFn, Rule, TickInputs, TrainState, model_state
+from easgd.rules.base import local_workers
 
 
 def make_normalize(dataset: Dataset) -> Callable[[jax.Array], jax.Array]:
@@ -47,7 +51,11 @@ def make_loss_fn(model, normalize) -> LossFn:
       extra[model_state.STATS] = updated[model_state.STATS]
     else:
       logits = model.apply({"params": tree}, images, train=True)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+    # In float32 whatever the model computes in (config.dtype): a bfloat16
+    # log-softmax would round the loss and its gradient.
+    loss = optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), batch["label"]
+    ).mean()
     accuracy = (logits.argmax(-1) == batch["label"]).mean()
     return loss, {"accuracy": accuracy, **extra}
 
@@ -91,16 +99,28 @@ def sample_local_batches(
     batch_size: examples per worker.
     augment: (key, images) -> images, or None.
   """
-  local_workers, size = labels.shape
-  first = lax.axis_index(AXIS) * local_workers
-  workers = first + jnp.arange(local_workers)
+  size = labels.shape[1]
 
   def one_worker(worker, step, worker_images, worker_labels):
     indices = batch_indices(rng, step, worker, size, batch_size)
-    batch_images = augment_lib.apply(augment, rng, worker, step, worker_images[indices])
-    return {"image": batch_images, "label": worker_labels[indices]}
+    return worker_images[indices], worker_labels[indices]
 
-  return jax.vmap(one_worker)(workers, worker_steps, images, labels)
+  workers = local_workers(labels.shape[0])
+  batch_images, batch_labels = jax.vmap(one_worker)(workers, worker_steps, images, labels)
+  return augment_local_batches(batch_images, batch_labels, rng, worker_steps, augment)
+
+
+def augment_local_batches(
+  images, labels, rng, worker_steps, augment: augment_lib.Augment | None = None
+):
+  """Per device: the local workers' batches [P/D, b, ...] as {"image", "label"},
+  each augmented (if `augment` is given) with the key of its worker and step."""
+
+  def one_worker(worker, step, batch_images):
+    return augment_lib.apply(augment, rng, worker, step, batch_images)
+
+  workers = local_workers(labels.shape[0])
+  return {"image": jax.vmap(one_worker)(workers, worker_steps, images), "label": labels}
 
 
 def _compile(per_device, mesh: Mesh, state: TrainState, num_worker_args: int):
@@ -141,6 +161,27 @@ def build_train_step(
 
   def per_device(state, images, labels, tick: TickInputs):
     batch = sample_local_batches(images, labels, state.rng, state.worker_steps, batch_size, augment)
+    return rule.step(state, batch, loss_fn, tick)
+
+  return _compile(per_device, mesh, state, 2)
+
+
+def build_batch_step(
+  rule: Rule,
+  loss_fn: LossFn,
+  mesh: Mesh,
+  state: TrainState,
+  augment: augment_lib.Augment | None = None,
+):
+  """(state, images, labels, tick) -> (state, metrics) on streamed batches.
+
+  images [P, b, H, W, C] and labels [P, b] are each worker's batch of its
+  local step (easgd.data.stream.Streamer), augmented here as
+  `build_train_step` augments the batches it draws.
+  """
+
+  def per_device(state, images, labels, tick: TickInputs):
+    batch = augment_local_batches(images, labels, state.rng, state.worker_steps, augment)
     return rule.step(state, batch, loss_fn, tick)
 
   return _compile(per_device, mesh, state, 2)

@@ -15,7 +15,8 @@ from absl import logging
 
 from easgd import evaluation, loop, schema, steps
 from easgd.data import augment as augment_lib
-from easgd.infra import metrics
+from easgd.data import stream
+from easgd.infra import metrics, sharding
 from easgd.infra.compile import compile_program
 from easgd.rules import Hyper, Rule, TrainState, exchange, make_rule, model_state
 from easgd.sim import clocks, ticks, timing
@@ -81,25 +82,42 @@ class RuleTrainee:
     self.totals = _TickTotals(clock)
     self.sums: dict[str, float] = {}
     self.count = 0
-    lowered = steps.build_train_step(
-      rule,
-      setup.loss_fn,
-      setup.mesh,
-      state,
-      config.data.batch_size,
-      augment_lib.get(config.data.augment),
-    ).lower(
-      state,
-      setup.train_images,
-      setup.train_labels,
-      rule.tick_inputs(ticks.Tick.empty(config.workers)),
-    )
+    augment = augment_lib.get(config.data.augment)
+    empty_tick = rule.tick_inputs(ticks.Tick.empty(config.workers))
+    self.streamer = None
+    if setup.streamed:
+      # Each worker's local steps, mirrored on the host from the clock's ticks:
+      # they pick the batches to read.
+      self.host_steps = np.asarray(sharding.fetch(state.worker_steps), np.int64)
+      self.streamer = stream.Streamer(
+        setup.mesh,
+        setup.dataset.train_images,
+        setup.dataset.train_labels,
+        config.workers,
+        config.data.batch_size,
+        config.seed,
+        state.rng,
+        self.host_steps,
+        config.run.total_steps,
+      )
+      program = steps.build_batch_step(rule, setup.loss_fn, setup.mesh, state, augment)
+      lowered = program.lower(state, *self.streamer.batches(self.host_steps), empty_tick)
+    else:
+      program = steps.build_train_step(
+        rule, setup.loss_fn, setup.mesh, state, config.data.batch_size, augment
+      )
+      lowered = program.lower(state, setup.train_images, setup.train_labels, empty_tick)
     self.train_step = compile_program(lowered, setup.platform)
 
   def step(self):
     tick = self.clock.next_tick()
+    if self.streamer is None:
+      images, labels = self.setup.train_images, self.setup.train_labels
+    else:
+      images, labels = self.streamer.batches(self.host_steps)
+      self.host_steps = self.host_steps + tick.local
     self.state, step_metrics = self.train_step(
-      self.state, self.setup.train_images, self.setup.train_labels, self.rule.tick_inputs(tick)
+      self.state, images, labels, self.rule.tick_inputs(tick)
     )
     self.totals.add(tick)
     return step_metrics, None
@@ -152,6 +170,8 @@ class RuleTrainee:
     self.writer.flush()
 
   def close(self):
+    if self.streamer is not None:
+      self.streamer.close()
     self.writer.close()
 
 

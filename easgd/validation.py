@@ -10,10 +10,11 @@ import os
 import ml_collections
 
 from easgd import optimizer_checks, schema
-from easgd.data import augment
+from easgd.data import augment, stream
 from easgd.data.datasets import DATASETS
 from easgd.errors import ConfigError
-from easgd.models import BATCH_NORM_MODELS, MODELS
+from easgd.infra import profiler
+from easgd.models import BATCH_NORM_MODELS, DTYPES, MODELS
 from easgd.pipeline.programs import PER_MODEL_FIELDS
 from easgd.rules import RULES, model_state
 from easgd.rules.base import DEFAULT_BETA, Pull
@@ -56,6 +57,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     "True or False",
   )
   _require(
+    config.dtype in DTYPES,
+    "dtype",
+    config.dtype,
+    f"valid: {', '.join(DTYPES)} (what the models compute in; parameters stay float32)",
+  )
+  _require(
     _is_int(config.workers) and config.workers >= 1,
     "workers",
     config.workers,
@@ -88,6 +95,19 @@ def _validate_data(data: ml_collections.ConfigDict) -> None:
     "data.augment",
     data.augment,
     f"valid: {', '.join(augment.CHOICES)}",
+  )
+  _require(
+    data.source in stream.SOURCES,
+    "data.source",
+    data.source,
+    f"valid: {', '.join(stream.SOURCES)} (easgd/data/stream.py)",
+  )
+  budget = data.device_budget
+  _require(
+    _is_number(budget) and math.isfinite(budget) and budget > 0,
+    "data.device_budget",
+    budget,
+    "must be a finite number of bytes > 0 (what a device may hold of training data)",
   )
 
 
@@ -170,6 +190,8 @@ def _validate_run(run: ml_collections.ConfigDict) -> None:
     run.data_dir,
     "is not a directory: give the directory TFDS prepared the dataset in, or '' for TFDS's default",
   )
+  why = profiler.refusal(run.profile, run.total_steps)
+  _require(why is None, "run.profile", run.profile, why)
 
 
 def _validate_device(device: ml_collections.ConfigDict) -> None:

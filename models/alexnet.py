@@ -2,6 +2,7 @@
 
 import flax.linen as nn
 import jax.numpy as jnp
+from flax.typing import Dtype
 
 from easgd.models.layers import pad_to
 
@@ -17,6 +18,7 @@ class AlexNet(nn.Module):
   """
 
   num_classes: int = 10
+  dtype: Dtype = jnp.float32  # of the computation; the parameters are float32
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, train: bool = False) -> jnp.ndarray:
@@ -24,10 +26,13 @@ class AlexNet(nn.Module):
     del train  # no layer behaves differently in training
     x = pad_to(images, 32)
     for index, (features, kernel) in enumerate([(64, 5), (192, 5), (384, 3), (256, 3), (256, 3)]):
-      x = nn.relu(nn.Conv(features, (kernel, kernel), padding="SAME", name=f"conv{index + 1}")(x))
+      conv = nn.Conv(
+        features, (kernel, kernel), padding="SAME", dtype=self.dtype, name=f"conv{index + 1}"
+      )
+      x = nn.relu(conv(x))
       if index in (0, 1, 4):
         x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
     x = x.reshape((x.shape[0], -1))
-    x = nn.relu(nn.Dense(384, name="fc1")(x))
-    x = nn.relu(nn.Dense(192, name="fc2")(x))
-    return nn.Dense(self.num_classes, name="logits")(x)
+    x = nn.relu(nn.Dense(384, dtype=self.dtype, name="fc1")(x))
+    x = nn.relu(nn.Dense(192, dtype=self.dtype, name="fc2")(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="logits")(x)

@@ -4,6 +4,7 @@ from collections.abc import Callable
 
 import flax.linen as nn
 import jax.numpy as jnp
+from flax.typing import Dtype
 
 from easgd.models.layers import conv_general_dilated, materialize, max_pool_2x2, pad_to
 
@@ -24,6 +25,7 @@ class LeNet5(nn.Module):
   # The 2x2 max-pool: reduce_window's values and gradient bits, faster on CPU
   # (bench/variants.py compares it with layers.reduce_window_max_pool_2x2).
   pool: Callable[[jnp.ndarray], jnp.ndarray] = max_pool_2x2
+  dtype: Dtype = jnp.float32  # of the computation; the parameters are float32
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, train: bool = False) -> jnp.ndarray:
@@ -34,12 +36,17 @@ class LeNet5(nn.Module):
     # as XLA:CPU computes it fast, and materialize keeps the pool's gradient
     # from computing it again.
     conv1 = nn.Conv(
-      6, (5, 5), padding="VALID", name="conv1", conv_general_dilated=conv_general_dilated
+      6,
+      (5, 5),
+      padding="VALID",
+      dtype=self.dtype,
+      name="conv1",
+      conv_general_dilated=conv_general_dilated,
     )
     x = self.pool(materialize(nn.relu(conv1(x))))
-    x = nn.relu(nn.Conv(16, (5, 5), padding="VALID", name="conv2")(x))
+    x = nn.relu(nn.Conv(16, (5, 5), padding="VALID", dtype=self.dtype, name="conv2")(x))
     x = self.pool(x)
     x = x.reshape((x.shape[0], -1))
-    x = nn.relu(nn.Dense(120, name="fc1")(x))
-    x = nn.relu(nn.Dense(84, name="fc2")(x))
-    return nn.Dense(self.num_classes, name="logits")(x)
+    x = nn.relu(nn.Dense(120, dtype=self.dtype, name="fc1")(x))
+    x = nn.relu(nn.Dense(84, dtype=self.dtype, name="fc2")(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="logits")(x)

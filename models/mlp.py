@@ -2,6 +2,7 @@
 
 import flax.linen as nn
 import jax.numpy as jnp
+from flax.typing import Dtype
 
 
 class MLP(nn.Module):
@@ -13,6 +14,7 @@ class MLP(nn.Module):
 
   num_classes: int = 10
   hidden: tuple[int, ...] = (512, 256)
+  dtype: Dtype = jnp.float32  # of the computation; the parameters are float32
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, train: bool = False) -> jnp.ndarray:
@@ -20,5 +22,5 @@ class MLP(nn.Module):
     del train  # no layer behaves differently in training
     x = images.reshape((images.shape[0], -1))
     for index, width in enumerate(self.hidden):
-      x = nn.relu(nn.Dense(width, name=f"fc{index + 1}")(x))
-    return nn.Dense(self.num_classes, name="logits")(x)
+      x = nn.relu(nn.Dense(width, dtype=self.dtype, name=f"fc{index + 1}")(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="logits")(x)

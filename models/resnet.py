@@ -2,12 +2,13 @@
 
 import flax.linen as nn
 import jax.numpy as jnp
+from flax.typing import Dtype
 
 from easgd.models.layers import materialize
 
 # Running statistics move as in PyTorch's default (momentum 0.1 there), so that
 # the evaluation statistics settle within a few hundred steps.
-_BATCH_NORM = {"momentum": 0.9, "epsilon": 1e-5}
+BATCH_NORM = {"momentum": 0.9, "epsilon": 1e-5}
 
 
 class BasicBlock(nn.Module):
@@ -20,13 +21,19 @@ class BasicBlock(nn.Module):
 
   channels: int
   stride: int
+  dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
-    norm = lambda name: nn.BatchNorm(use_running_average=not train, name=name, **_BATCH_NORM)  # noqa: E731
-    y = nn.Conv(self.channels, (3, 3), self.stride, padding=1, use_bias=False, name="conv1")(x)
+    norm = lambda name: nn.BatchNorm(  # noqa: E731
+      use_running_average=not train, dtype=self.dtype, name=name, **BATCH_NORM
+    )
+    conv = lambda stride, name: nn.Conv(  # noqa: E731
+      self.channels, (3, 3), stride, padding=1, use_bias=False, dtype=self.dtype, name=name
+    )
+    y = conv(self.stride, "conv1")(x)
     y = materialize(nn.relu(norm("bn1")(y)))
-    y = nn.Conv(self.channels, (3, 3), padding=1, use_bias=False, name="conv2")(y)
+    y = conv(1, "conv2")(y)
     y = norm("bn2")(y)
     if self.stride != 1 or x.shape[-1] != self.channels:
       x = x[:, :: self.stride, :: self.stride, :]
@@ -46,18 +53,21 @@ class ResNet(nn.Module):
   num_classes: int = 10
   blocks_per_stage: int = 3
   widths: tuple[int, ...] = (16, 32, 64)
+  dtype: Dtype = jnp.float32  # of the computation; the parameters are float32
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, train: bool = False) -> jnp.ndarray:
     """Maps images [batch, height, width, channels] to logits [batch, classes]."""
     # Each convolution's input is materialized (layers.materialize): on XLA:CPU
     # this keeps the filter gradients from recomputing the residual stream.
-    x = nn.Conv(self.widths[0], (3, 3), padding=1, use_bias=False, name="conv")(images)
-    x = nn.relu(nn.BatchNorm(use_running_average=not train, name="bn", **_BATCH_NORM)(x))
+    conv = nn.Conv(self.widths[0], (3, 3), padding=1, use_bias=False, dtype=self.dtype, name="conv")
+    norm = nn.BatchNorm(use_running_average=not train, dtype=self.dtype, name="bn", **BATCH_NORM)
+    x = nn.relu(norm(conv(images)))
     x = materialize(x)
     for stage, width in enumerate(self.widths):
       for block in range(self.blocks_per_stage):
         stride = 2 if stage > 0 and block == 0 else 1
-        x = BasicBlock(width, stride, name=f"stage{stage + 1}_block{block + 1}")(x, train)
+        name = f"stage{stage + 1}_block{block + 1}"
+        x = BasicBlock(width, stride, self.dtype, name=name)(x, train)
     x = x.mean(axis=(1, 2))
-    return nn.Dense(self.num_classes, name="logits")(x)
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="logits")(x)

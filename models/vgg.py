@@ -2,6 +2,7 @@
 
 import flax.linen as nn
 import jax.numpy as jnp
+from flax.typing import Dtype
 
 from easgd.models.layers import max_pool_2x2, pad_to
 
@@ -17,6 +18,7 @@ class VGG(nn.Module):
 
   num_classes: int = 10
   layers: tuple = VGG11
+  dtype: Dtype = jnp.float32  # of the computation; the parameters are float32
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, train: bool = False) -> jnp.ndarray:
@@ -28,10 +30,17 @@ class VGG(nn.Module):
         x = max_pool_2x2(x)
         continue
       convs += 1
-      x = nn.Conv(layer, (3, 3), padding=1, use_bias=False, name=f"conv{convs}")(x)
+      conv = nn.Conv(
+        layer, (3, 3), padding=1, use_bias=False, dtype=self.dtype, name=f"conv{convs}"
+      )
+      x = conv(x)
       x = nn.BatchNorm(
-        use_running_average=not train, momentum=0.9, epsilon=1e-5, name=f"bn{convs}"
+        use_running_average=not train,
+        momentum=0.9,
+        epsilon=1e-5,
+        dtype=self.dtype,
+        name=f"bn{convs}",
       )(x)
       x = nn.relu(x)
     x = x.reshape((x.shape[0], -1))
-    return nn.Dense(self.num_classes, name="logits")(x)
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="logits")(x)

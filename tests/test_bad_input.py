@@ -44,6 +44,7 @@ FIELDS = {
   "seed": (lambda v: _integer(v) and 0 <= v < 2**32, {}),
   "workers": (integer_at_least(1), {}),
   "data.batch_size": (integer_at_least(1), {}),
+  "data.device_budget": (finite_at_least(0, inclusive=False), {}),
   "run.total_steps": (integer_at_least(1), {}),
   "run.eval_every": (integer_at_least(0), {}),
   "run.checkpoint_every": (integer_at_least(0), {}),
@@ -183,6 +184,19 @@ def _set(config, field, value):
   with target.ignore_type():
     target[name] = value
   return target[name]
+
+
+@pytest.mark.parametrize("value", ["float16", "bf16", "Float32", "", 32, None, True])
+def test_an_unknown_dtype_is_refused_in_one_line_naming_it(value):
+  config = config_with()
+  value = _set(config, "dtype", value)
+  with pytest.raises(ConfigError) as error:
+    validation.validate(config)
+  said = str(error.value)
+  assert "\n" not in said and said.startswith(f"config.dtype={value!r} is invalid"), said
+  assert "valid: float32, bfloat16" in said
+  for dtype in ("float32", "bfloat16"):
+    validation.validate(config_with(dtype=dtype))
 
 
 @pytest.mark.parametrize("kind", ["file", "under a file", "missing"])

@@ -57,13 +57,31 @@ def test_known_shapes_match_the_loaded_dataset(name):
   assert ds.train_images.shape[1:] == shape.image_shape and ds.num_classes == shape.num_classes
 
 
-@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10", "cifar100"])
+@pytest.mark.parametrize(
+  "name", ["mnist", "fashion_mnist", "cifar10", "cifar100", "imagenette", "imagenet2012"]
+)
 def test_known_shapes_match_tfds(name):
   with tfds.testing.mock_data(num_examples=4):
     ds = datasets.load_dataset(name)
+    # ImageNet's images, of varying sizes, are resized and cropped to the known side.
+    assert ds.train_images[np.arange(2)].shape[1:] == datasets.SHAPES[name].image_shape
   shape = datasets.SHAPES[name]
   assert ds.train_images.shape[1:] == shape.image_shape and ds.num_classes == shape.num_classes
-  assert set(datasets.SHAPES) == set(datasets.DATASETS)
+  assert ds.test_images.shape[1:] == shape.image_shape
+  # A records folder carries its own shape (datasets.shape_of reads it).
+  assert set(datasets.SHAPES) | {"records"} == set(datasets.DATASETS)
+
+
+def test_a_varying_image_is_resized_on_its_shorter_side_and_centre_cropped():
+  image = np.zeros((40, 80, 3), np.uint8)
+  image[:, 20:60] = 255  # the middle half of the width
+  out = datasets.resize_and_crop(image, 20)
+  # 40x80 -> 20x40, whose middle 20 columns are the white band (its edges
+  # blended with the black by the antialiased resize).
+  assert out.shape == (20, 20, 3) and out[:, 1:-1].min() == 255 and out.min() > 128
+  assert datasets.resize_and_crop(out, 20) is out
+  gray = datasets.resize_and_crop(np.full((30, 10, 1), 7, np.uint8), 5)
+  assert gray.shape == (5, 5, 1) and np.all(gray == 7)
 
 
 def test_absent_tfds_dataset_fails_fast_and_says_how_to_get_it(tmp_path):
@@ -75,6 +93,8 @@ def test_absent_tfds_dataset_fails_fast_and_says_how_to_get_it(tmp_path):
 
 def test_unknown_dataset_lists_the_valid_names():
   with pytest.raises(
-    ConfigError, match="valid: cifar10, cifar100, digits, fashion_mnist, mnist, mnist5k"
+    ConfigError,
+    match="valid: cifar10, cifar100, digits, fashion_mnist, imagenet2012, imagenette, mnist, "
+    "mnist5k, records",
   ):
     datasets.load_dataset("imagenet")

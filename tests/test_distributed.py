@@ -70,13 +70,16 @@ def test_pipeline_over_two_processes_equals_one_process_and_outlives_a_bad_check
 
 
 def test_a_killed_process_stops_the_others_and_a_restart_resumes(tmp_path, small_run):
-  """hogwild_easgd (the master's sequential operations, replicated): SIGKILL to
-  process 1 after a checkpoint. Process 0 aborts when the heartbeats stop
-  (--heartbeat_timeout 10 s); the same command then resumes.
+  """hogwild_easgd (the master's sequential operations, replicated), its batches
+  streamed (each process reads its own workers'): SIGKILL to process 1 after a
+  checkpoint. Process 0 aborts when the heartbeats stop (--heartbeat_timeout
+  10 s); the same command then resumes, to the bits of a run on one process
+  whose data was placed on the devices.
   """
-  flags = small_flags(algorithm="hogwild_easgd")
+  flags = small_flags({"data.source": "stream"}, algorithm="hogwild_easgd")
   run = launch(tmp_path, *flags)
   pid = int(run.wait_for(r"process 1 \(pid (\d+)\) started", 60).group(1))
+  run.wait_for(r"process 1 streams the batches of 2 of 4 workers", 60)
   deadline = time.monotonic() + RUN_SECONDS
   while not os.path.isdir(tmp_path / "checkpoints" / "10") and time.monotonic() < deadline:
     time.sleep(0.02)

@@ -24,12 +24,15 @@ def small_config(**cluster):
 
 
 @pytest.mark.e2e  # compiles the whole step at four batch sizes
-def test_memory_terms_predict_another_compiled_batch():
+@pytest.mark.parametrize("source", ["device", "stream"])
+def test_memory_terms_predict_another_compiled_batch(source):
   config = small_config()
+  config.data.source = source
   compiler = plan.StepCompiler(config, sharding.make_mesh(2))
   memory = plan.measure_memory(compiler, 16)  # fitted on batches 32 and 64
-  # One worker a device: its 2,000 examples (28x28 uint8 and an int32 label).
-  assert memory.data == 2000 * (28 * 28 + 4)
+  # One worker a device: its 2,000 examples (28x28 uint8 and an int32 label),
+  # or, streamed, none resident: each step's batch is an argument that grows with it.
+  assert memory.data == (2000 * (28 * 28 + 4) if source == "device" else 0)
   # The state holds the center, one worker and their momentum-free optimizer
   # states: at least two copies of LeNet-5's 61,706 float32 parameters.
   assert 2 * 61_706 * 4 <= memory.state < 3 * 61_706 * 4
@@ -104,8 +107,14 @@ class _FakeCompiler:
   """Compiled bytes of a step whose temporaries have a floor and grow in 64-byte
   steps, nearly but not exactly linearly: what XLA's buffer assignment gives."""
 
+  streamed = False  # the partitions are an argument of every batch's step
+  data_bytes = 0
+
   def __init__(self):
     self.compiled = []
+
+  def input_bytes(self, batch_size):
+    return self.data_bytes
 
   def compile(self, batch_size):
     self.compiled.append(batch_size)

@@ -15,7 +15,7 @@ from runs import config_with
   "overrides,message",
   [
     ({"algorithm": "easgd"}, r"config.algorithm='easgd' .*valid: async_easgd, .*sync_sgd"),
-    ({"model": "resnet"}, r"config.model='resnet' .*valid: alexnet, lenet5"),
+    ({"model": "resnet"}, r"config.model='resnet' .*valid: alexnet, alexnet_imagenet, lenet5"),
     ({"data.dataset": "svhn"}, r"config.data.dataset='svhn' .*valid: cifar10, cifar100, digits"),
     ({"workers": 8, "run.devices": 3}, r"config.run.devices=3 .*must divide config.workers=8"),
     ({"outer.comm_period": 0}, r"config.outer.comm_period=0 .*integer >= 1"),
@@ -121,6 +121,20 @@ def test_cifar_configs_are_valid_and_their_batches_fit(name):
   assert config.data.augment == "crop_flip" and config.model in models.MODELS
 
 
+@pytest.mark.parametrize(
+  "name", ["imagenet2012_resnet50", "imagenette_resnet50", "imagenet2012_alexnet"]
+)
+def test_imagenet_configs_are_valid_and_their_batches_fit(name):
+  config = importlib.import_module(f"easgd.configs.{name}").get_config()
+  validation.validate(config)
+  shape = datasets.SHAPES[config.data.dataset]
+  validation.validate_partition(config, shape.train_examples, config.workers)
+  assert config.model in models.MODELS and config.dtype in models.DTYPES
+  # The planner's step time needs a FLOP rate; the recipe's momentum and decay are the papers'.
+  assert config.device.flops > 0 and config.device.memory > 0
+  assert config.optimizer.momentum == 0.9 and config.optimizer.weight_decay in (1e-4, 5e-4)
+
+
 def test_batch_must_fit_a_workers_partition():
   with pytest.raises(ConfigError, match=r"config.data.batch_size=600 .*<= 500"):
     validation.validate_partition(
@@ -192,6 +206,14 @@ def test_a_checkpoint_of_an_earlier_version_is_named_as_such():
     {"optimizer.name": "sgd", "outer.exchange_dtype": "float32", "algorithm": "sync_sgd"}
   )
   validation.check_resumable(saved, config_with(algorithm="sync_sgd"), "w")
+
+
+def test_a_checkpoint_from_before_dtype_resumes_in_float32():
+  saved = schema.flatten(default.get_config().to_dict())
+  del saved["dtype"]
+  validation.check_resumable(saved, default.get_config(), "w")
+  with pytest.raises(ConfigError, match=r"config.dtype is 'float32' there, 'bfloat16' here"):
+    validation.check_resumable(saved, config_with(dtype="bfloat16"), "w")
 
 
 def test_a_checkpoint_from_before_deterministic_sums_resumes_with_them_off():

@@ -1,10 +1,15 @@
-"""Datasets, loaded once on the host as uint8 image arrays.
+"""Datasets, as uint8 image arrays on the host, read whole or by index.
 
 `mnist5k` (the default) and `digits` ship inside PyPI packages, so they work
-offline; `mnist`, `fashion_mnist`, `cifar10` and `cifar100` are read from a TFDS data
-directory through `tfds.data_source` (random access, no TensorFlow needed).
-A TFDS training set is read lazily: a process decodes only the examples of
-the partitions its devices hold (easgd.infra.sharding.place_partitions).
+offline; `mnist`, `fashion_mnist`, `cifar10`, `cifar100`, `imagenette` and
+`imagenet2012` are read from a TFDS data directory through `tfds.data_source`
+(random access, no TensorFlow needed); `records` is a folder of array_record
+files written by `python -m easgd.data.records` (easgd.data.records).
+A TFDS or records training set is read lazily: a process decodes only the
+examples it indexes (the partitions its devices hold, or, streamed, its
+workers' batches: easgd.data.stream). ImageNet-class images, whose sizes
+vary, are resized on the host so that their shorter side is the dataset's
+side and centre-cropped to a square.
 """
 
 import dataclasses
@@ -16,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from easgd.data import records
 from easgd.errors import ConfigError
 
 
@@ -116,23 +122,45 @@ def load_digits(data_dir: str) -> Dataset:
   return _make("digits", images[train], labels[train], images[test], labels[test], 10, 16)
 
 
+def resize_and_crop(image: np.ndarray, side: int) -> np.ndarray:
+  """An image [H, W, C] with its shorter side resized to `side` (bilinear,
+  antialiased) and centre-cropped to [side, side, C]; unchanged if already so."""
+  if image.shape[:2] == (side, side):
+    return image
+  from PIL import Image  # noqa: PLC0415 (only variable-size datasets need it)
+
+  height, width = image.shape[:2]
+  scale = side / min(height, width)
+  size = (max(side, round(width * scale)), max(side, round(height * scale)))
+  picture = Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image)
+  resized = np.asarray(picture.resize(size, Image.Resampling.BILINEAR), np.uint8)
+  resized = resized.reshape(size[1], size[0], image.shape[-1])
+  top, left = (size[1] - side) // 2, (size[0] - side) // 2
+  return resized[top : top + side, left : left + side]
+
+
 class _TfdsSplit:
   """A TFDS split read by index; remembers its last read, since images and
   labels of the same rows are asked for one after the other."""
 
-  def __init__(self, source):
+  def __init__(self, source, side: int | None = None):
     self._source = source
+    self._side = side  # resize to a square of this side (images of varying size)
     self._last = (None, None)
 
   def __len__(self) -> int:
     return len(self._source)
+
+  def _image(self, example) -> np.ndarray:
+    image = np.asarray(example["image"], np.uint8)
+    return resize_and_crop(image, self._side) if self._side else image
 
   def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
     key = (indices.shape, indices.tobytes())
     if self._last[0] != key:
       examples = [self._source[int(i)] for i in indices.ravel()]
       columns = {
-        "image": np.stack([example["image"] for example in examples]).astype(np.uint8),
+        "image": np.stack([self._image(example) for example in examples]),
         "label": np.array([example["label"] for example in examples], np.int32),
       }
       self._last = (key, {k: v.reshape(indices.shape + v.shape[1:]) for k, v in columns.items()})
@@ -163,31 +191,41 @@ _TFDS_STATISTICS = {
   "fashion_mnist": ((0.2860,), (0.3530,)),
   "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
   "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+  # ImageNet's, used for its subsets too.
+  "imagenet2012": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+  "imagenette": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
 
 
-def _tfds_loader(name: str) -> Callable[[str], Dataset]:
+def _tfds_loader(
+  name: str, tfds_name: str = "", test_split: str = "test", side: int | None = None
+) -> Callable[[str], Dataset]:
+  """A loader of TFDS dataset `tfds_name` (default `name`) registered as `name`;
+  `side`: images of varying size are resized and cropped to side x side."""
+  tfds_name = tfds_name or name
+
   def load(data_dir: str) -> Dataset:
     import tensorflow_datasets as tfds  # noqa: PLC0415 (only TFDS datasets need it)
 
     directory = os.path.expanduser(data_dir) if data_dir else None
     where = f"data_dir={data_dir!r}" if data_dir else "TFDS's default data_dir"
+    source = functools.partial(tfds.data_source, tfds_name, data_dir=directory, download=False)
     try:
-      train = _TfdsSplit(tfds.data_source(name, split="train", data_dir=directory, download=False))
-      test = _TfdsSplit(tfds.data_source(name, split="test", data_dir=directory, download=False))
+      train = _TfdsSplit(source(split="train"), side)
+      test = _TfdsSplit(source(split=test_split), side)
       test_columns = test.read(np.arange(len(test)))
     except Exception as error:  # noqa: BLE001 (TFDS raises many kinds; all mean "not usable")
-      builder = tfds.builder(name, data_dir=directory)
+      builder = tfds.builder(tfds_name, data_dir=directory)
       if not builder.is_prepared():
-        reason = f"TFDS dataset {name!r} is not prepared under {where}"
+        reason = f"TFDS dataset {tfds_name!r} is not prepared under {where}"
       else:
-        reason = f"TFDS dataset {name!r} under {where} cannot be read ({type(error).__name__})"
+        reason = f"TFDS dataset {tfds_name!r} under {where} cannot be read ({type(error).__name__})"
       raise ConfigError(
         f"config.data.dataset={name!r}: {reason}; on a machine with internet access run "
-        f"`tfds build {name} --file_format=array_record --data_dir=DIR` and pass "
+        f"`tfds build {tfds_name} --file_format=array_record --data_dir=DIR` and pass "
         f"--config.run.data_dir=DIR"
       ) from error
-    num_classes = tfds.builder(name, data_dir=directory).info.features["label"].num_classes
+    num_classes = tfds.builder(tfds_name, data_dir=directory).info.features["label"].num_classes
     mean, std = _TFDS_STATISTICS[name]
     return Dataset(
       name=name,
@@ -211,6 +249,11 @@ DATASETS: dict[str, Callable[[str], Dataset]] = {
   "fashion_mnist": _tfds_loader("fashion_mnist"),
   "cifar10": _tfds_loader("cifar10"),
   "cifar100": _tfds_loader("cifar100"),  # the 100 fine labels
+  # Ten easy ImageNet classes; TFDS's copy with the shorter side at 160 pixels.
+  "imagenette": _tfds_loader("imagenette", "imagenette/160px-v2", "validation", side=160),
+  # ILSVRC-2012 (its tars are downloaded by hand: README, "ImageNet-class data").
+  "imagenet2012": _tfds_loader("imagenet2012", test_split="validation", side=224),
+  "records": records.load,
 }
 
 
@@ -231,7 +274,16 @@ SHAPES: dict[str, Shape] = {
   "fashion_mnist": Shape(60000, (28, 28, 1), 10),
   "cifar10": Shape(50000, (32, 32, 3), 10),
   "cifar100": Shape(50000, (32, 32, 3), 100),
+  "imagenette": Shape(9469, (160, 160, 3), 10),
+  "imagenet2012": Shape(1281167, (224, 224, 3), 1000),
 }
+
+
+def shape_of(name: str, data_dir: str = "") -> Shape:
+  """The shape of dataset `name`; a records folder's is read from its metadata."""
+  if name == "records":
+    return records.shape(data_dir)
+  return SHAPES[name]
 
 
 def load_dataset(name: str, data_dir: str = "") -> Dataset:

@@ -151,6 +151,11 @@ class Checkpointer:
       ),
     )
 
+  @property
+  def workdir(self) -> str:
+    """The run's workdir (absolute), which holds the checkpoints folder."""
+    return self._workdir
+
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
