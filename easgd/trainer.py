@@ -100,14 +100,19 @@ class RuleTrainee:
         self.host_steps,
         config.run.total_steps,
       )
-      program = steps.build_batch_step(rule, setup.loss_fn, setup.mesh, state, augment)
-      lowered = program.lower(state, *self.streamer.batches(self.host_steps), empty_tick)
+      try:
+        program = steps.build_batch_step(rule, setup.loss_fn, setup.mesh, state, augment)
+        lowered = program.lower(state, *self.streamer.batches(self.host_steps), empty_tick)
+        self.train_step = compile_program(lowered, setup.platform)
+      except BaseException:
+        self.streamer.close()  # its readers' threads end with the error
+        raise
     else:
       program = steps.build_train_step(
         rule, setup.loss_fn, setup.mesh, state, config.data.batch_size, augment
       )
       lowered = program.lower(state, setup.train_images, setup.train_labels, empty_tick)
-    self.train_step = compile_program(lowered, setup.platform)
+      self.train_step = compile_program(lowered, setup.platform)
 
   def step(self):
     tick = self.clock.next_tick()

@@ -2,6 +2,7 @@
 the same batches as on the devices, bit for bit; resume after kill -9; bad input."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -92,17 +93,21 @@ def test_auto_places_what_fits_and_streams_what_does_not(folder):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("algorithm", ["async_easgd"])
-def test_streamed_and_placed_runs_end_bitwise_equal(folder, tmp_path, algorithm):
+def test_streamed_and_placed_runs_end_bitwise_equal(folder, tmp_path, algorithm, caplog):
   """The same config read from disk as it trains, or placed on the devices first:
   the same batches, augmentation and state. async_easgd's workers sit out ticks,
-  so a worker's batch must follow its own step count (sync_easgd's streamed run
-  is compared with a placed one below, through a kill and a resume)."""
+  so a worker's batch must follow its own step count; two workers share each
+  device (sync_easgd's streamed run is compared with a placed one below,
+  through a kill and a resume)."""
+  caplog.set_level(logging.INFO)
   streamed = trainer.train_and_evaluate(
-    _records_config(folder, "auto", algorithm), str(tmp_path / "s")
+    _records_config(folder, "auto", algorithm, **{"run.devices": 2}), str(tmp_path / "s")
   )
+  assert "training data: stream (a device's partitions" in caplog.text  # auto chose it
   placed = trainer.train_and_evaluate(
-    _records_config(folder, "device", algorithm), str(tmp_path / "d")
+    _records_config(folder, "device", algorithm, **{"run.devices": 2}), str(tmp_path / "d")
   )
+  assert "training data: device (data.source=device)" in caplog.text
   a, b = _leaves(streamed), _leaves(placed)
   assert len(a) == len(b) > 5
   assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, b, strict=True))
@@ -178,7 +183,31 @@ def _bad_folders():
   def missing_records(directory):
     _rewrite_train(directory, [good] * 100)
 
+  def edit_meta(key, value):
+    def edit(directory):
+      path = os.path.join(directory, "dataset.json")
+      with open(path) as f:
+        meta = json.load(f)
+      if value is None:
+        del meta[key]
+      else:
+        meta[key] = value
+      with open(path, "w") as f:
+        json.dump(meta, f)
+
+    return edit
+
+  def label_outside(directory):
+    wrong = records.encode(np.zeros((SIDE, SIDE, 3), np.uint8), 57)
+    _rewrite_train(directory, [good] * 10 + [wrong] + [good] * (TRAIN - 11))
+
   return {
+    "label_outside": (label_outside, r"record 10 of .* label 57 is outside \[0, 10\)"),
+    "no_mean": (edit_meta("mean", None), "has mean=None: it must be 3 numbers >= 0"),
+    "short_std": (edit_meta("std", [0.1]), "has std=\\[0.1\\]: it must be 3 numbers > 0"),
+    "classes_text": (edit_meta("num_classes", "ten"), "has num_classes='ten'"),
+    "flat_shape": (edit_meta("image_shape", [12, 12]), "has image_shape=\\[12, 12\\]"),
+    "no_max": (edit_meta("max_value", 0), "has max_value=0: it must be a number > 0"),
     "no_files": (no_files, "has no train.array_record"),
     "no_meta": (no_meta, "has no dataset.json"),
     "other_format": (other_format, "is not of format"),
@@ -263,6 +292,14 @@ def test_an_image_folder_converts_to_records(tmp_path):
   refused = _convert("--folder", str(empty), "--side", "8", "--out", str(tmp_path / "o2"))
   assert refused.returncode == 2 and "has no class subfolders" in refused.stderr
   assert not (tmp_path / "o2").exists()
+  # A file that is no image: named in one line, and no folder, partial or whole, is left.
+  (tmp_path / "images" / "train" / "dog" / "broken.png").write_bytes(b"not a png")
+  broken = _convert(
+    "--folder", str(tmp_path / "images"), "--side", "8", "--out", str(tmp_path / "o4/")
+  )
+  assert broken.returncode == 2 and "broken.png cannot be read as an image" in broken.stderr
+  assert len(broken.stderr.strip().splitlines()) == 1
+  assert sorted(os.listdir(tmp_path)) == ["empty", "images", "out"]
   assert (
     _convert("--folder", str(tmp_path / "images"), "--out", str(tmp_path / "o3")).returncode == 2
   )

@@ -140,13 +140,13 @@ def resize_and_crop(image: np.ndarray, side: int) -> np.ndarray:
 
 
 class _TfdsSplit:
-  """A TFDS split read by index; remembers its last read, since images and
-  labels of the same rows are asked for one after the other."""
+  """A TFDS split read by index; each thread's last read is kept, since images
+  and labels of the same rows are asked for one after the other."""
 
   def __init__(self, source, side: int | None = None):
     self._source = source
     self._side = side  # resize to a square of this side (images of varying size)
-    self._last = (None, None)
+    self._last = records.LastRead()
 
   def __len__(self) -> int:
     return len(self._source)
@@ -156,15 +156,15 @@ class _TfdsSplit:
     return resize_and_crop(image, self._side) if self._side else image
 
   def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-    key = (indices.shape, indices.tobytes())
-    if self._last[0] != key:
-      examples = [self._source[int(i)] for i in indices.ravel()]
-      columns = {
-        "image": np.stack([self._image(example) for example in examples]),
-        "label": np.array([example["label"] for example in examples], np.int32),
-      }
-      self._last = (key, {k: v.reshape(indices.shape + v.shape[1:]) for k, v in columns.items()})
-    return self._last[1]
+    return self._last.get(indices, self._read)
+
+  def _read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    examples = [self._source[int(i)] for i in indices.ravel()]
+    columns = {
+      "image": np.stack([self._image(example) for example in examples]),
+      "label": np.array([example["label"] for example in examples], np.int32),
+    }
+    return {k: v.reshape(indices.shape + v.shape[1:]) for k, v in columns.items()}
 
 
 class LazyColumn:

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 
 import numpy as np
 
@@ -44,6 +45,24 @@ def _file(directory: str, split: str) -> str:
   return os.path.join(directory, f"{split}.array_record")
 
 
+class LastRead:
+  """The last rows a thread read, kept for the next call: images and labels of
+  the same rows are asked for one after the other. One per thread, so that
+  readers in several threads (easgd.data.stream) neither share nor evict it."""
+
+  def __init__(self):
+    self._local = threading.local()
+
+  def get(self, indices: np.ndarray, read):
+    """read(indices), or what this thread's last call with the same indices returned."""
+    key = (indices.shape, indices.tobytes())
+    last = getattr(self._local, "last", None)
+    if last is None or last[0] != key:
+      last = (key, read(indices))
+      self._local.last = last
+    return last[1]
+
+
 def encode(image: np.ndarray, label: int) -> bytes:
   """One record: the uint8 pixels, then the label (int32, little-endian)."""
   return np.ascontiguousarray(image, np.uint8).tobytes() + np.int32(label).astype("<i4").tobytes()
@@ -52,8 +71,11 @@ def encode(image: np.ndarray, label: int) -> bytes:
 class RecordSplit:
   """One split of a records folder, read by index (grain's ArrayRecordDataSource)."""
 
-  def __init__(self, directory: str, split: str, image_shape: tuple[int, ...], count: int):
+  def __init__(self, directory: str, split: str, meta: dict):
     import grain  # noqa: PLC0415 (only records folders need it)
+
+    image_shape, count = meta["image_shape"], meta[f"{split}_examples"]
+    self.num_classes = meta["num_classes"]
 
     self.path = _file(directory, split)
     self.image_shape = tuple(image_shape)
@@ -62,7 +84,7 @@ class RecordSplit:
       self._source = grain.sources.ArrayRecordDataSource([self.path])
     except Exception as error:  # noqa: BLE001 (array_record raises several kinds)
       raise self._unreadable(error) from None
-    self._last = (None, None)  # images and labels of the same rows are asked for in turn
+    self._last = LastRead()
     if len(self._source) != count:
       raise ConfigError(
         f"config.run.data_dir={directory!r}: {self.path} holds {len(self._source)} records, "
@@ -78,11 +100,7 @@ class RecordSplit:
 
   def read(self, indices) -> tuple[np.ndarray, np.ndarray]:
     """Images [len(indices), H, W, C] uint8 and labels [len(indices)] int32."""
-    indices = np.asarray(indices, np.int64).ravel()
-    key = indices.tobytes()
-    if self._last[0] != key:
-      self._last = (key, self._read(indices))
-    return self._last[1]
+    return self._last.get(np.asarray(indices, np.int64).ravel(), self._read)
 
   def _unreadable(self, error: Exception) -> ConfigError:
     return ConfigError(
@@ -111,6 +129,12 @@ class RecordSplit:
     table = np.frombuffer(b"".join(raw), np.uint8).reshape(len(flat), size)
     images = table[:, : self._image_bytes].reshape(len(flat), *self.image_shape)
     labels = table[:, self._image_bytes :].copy().view("<i4").reshape(len(flat))
+    wrong = np.flatnonzero((labels < 0) | (labels >= self.num_classes))
+    if wrong.size:
+      raise ConfigError(
+        f"record {flat[wrong[0]]} of {self.path} is malformed: label {labels[wrong[0]]} is "
+        f"outside [0, {self.num_classes}) ({META}'s num_classes); convert the dataset again"
+      )
     return images, labels.astype(np.int32)
 
 
@@ -153,10 +177,44 @@ def read_meta(directory: str) -> dict:
     raise ConfigError(f"{where}: {META} cannot be read ({error})") from None
   if not isinstance(meta, dict) or meta.get("format") != FORMAT:
     raise ConfigError(f"{where}: {META} is not of format {FORMAT!r}; convert the dataset again")
+  wrong = _wrong_meta(meta)
+  if wrong:
+    raise ConfigError(f"{where}: {META} {wrong}; convert the dataset again")
   for split in SPLITS:
     if not os.path.isfile(_file(directory, split)):
       raise ConfigError(f"{where} has no {split}.array_record; convert the dataset again")
   return meta
+
+
+def _wrong_meta(meta: dict) -> str | None:
+  """What is wrong with a metadata dict's values, or None."""
+
+  def count(value, low=1):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+  def positive(value):
+    return (
+      isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+    )
+
+  shape = meta.get("image_shape")
+  if not (isinstance(shape, list) and len(shape) == 3 and all(count(n) for n in shape)):
+    return f"has image_shape={shape!r}: it must be [height, width, channels] of integers >= 1"
+  for key in ("num_classes", "train_examples", "test_examples"):
+    if not count(meta.get(key)):
+      return f"has {key}={meta.get(key)!r}: it must be an integer >= 1"
+  if not positive(meta.get("max_value")):
+    return f"has max_value={meta.get('max_value')!r}: it must be a number > 0"
+  for key, low in (("mean", 0.0), ("std", None)):
+    values = meta.get(key)
+    ok = isinstance(values, list) and len(values) == shape[2]
+    ok = ok and all(
+      positive(v) or (low is not None and isinstance(v, (int, float)) and v == low) for v in values
+    )
+    if not ok:
+      kind = "numbers >= 0" if low is not None else "numbers > 0"
+      return f"has {key}={values!r}: it must be {shape[2]} {kind}, one a channel"
+  return None
 
 
 def shape(directory: str):
@@ -173,9 +231,8 @@ def load(directory: str):
   from easgd.data.datasets import Dataset  # noqa: PLC0415 (datasets imports this module)
 
   meta = read_meta(directory)
-  image_shape = tuple(meta["image_shape"])
-  train = RecordSplit(directory, "train", image_shape, meta["train_examples"])
-  test = RecordSplit(directory, "test", image_shape, meta["test_examples"])
+  train = RecordSplit(directory, "train", meta)
+  test = RecordSplit(directory, "test", meta)
   # Every record is checked before training where that reads at most
   # FULL_CHECK_BYTES; a larger set has its ends checked, and a malformed record
   # met while training stops the run with the same one line (exit 2).
@@ -226,12 +283,21 @@ def write(out: str, splits: dict, num_classes: int, max_value: float, chunk: int
       is an [N, H, W, C] uint8 array (or a column read by index arrays) and
       labels an [N] integer array.
   """
-  from array_record.python.array_record_module import ArrayRecordWriter  # noqa: PLC0415
-
-  parent = os.path.dirname(os.path.abspath(out))
-  staging = os.path.join(parent, f".{os.path.basename(out)}.partial")
+  out = os.path.normpath(os.path.abspath(out))
+  staging = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.partial")
   shutil.rmtree(staging, ignore_errors=True)  # our own leftover of a stopped conversion
   os.makedirs(staging)
+  try:
+    _write_splits(staging, splits, num_classes, max_value, chunk)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)  # nothing half-written is left
+    raise
+  os.rename(staging, out)
+
+
+def _write_splits(staging: str, splits: dict, num_classes: int, max_value: float, chunk: int):
+  from array_record.python.array_record_module import ArrayRecordWriter  # noqa: PLC0415
+
   image_shape = tuple(int(n) for n in splits["train"][0].shape[1:])
   statistics = _Statistics(image_shape[-1], max_value)
   counts = {}
@@ -261,7 +327,6 @@ def write(out: str, splits: dict, num_classes: int, max_value: float, chunk: int
   }
   with open(os.path.join(staging, META), "w") as f:
     json.dump(meta, f, indent=2)
-  os.rename(staging, out)
 
 
 def _read_image(path: str, side: int) -> np.ndarray:
@@ -269,8 +334,11 @@ def _read_image(path: str, side: int) -> np.ndarray:
 
   from easgd.data.datasets import resize_and_crop  # noqa: PLC0415
 
-  with Image.open(path) as picture:
-    image = np.asarray(picture.convert("RGB"), np.uint8)
+  try:
+    with Image.open(path) as picture:
+      image = np.asarray(picture.convert("RGB"), np.uint8)
+  except (OSError, ValueError) as error:  # PIL's UnidentifiedImageError is an OSError
+    raise ConfigError(f"{path} cannot be read as an image ({type(error).__name__})") from None
   return resize_and_crop(image, side)
 
 
@@ -359,6 +427,8 @@ def main(argv=None) -> None:
     write(args.out, splits, num_classes, max_value)
   except ConfigError as error:
     arguments.fail(str(error).replace("config.data.dataset", "--dataset"))
+  except OSError as error:  # e.g. the disk filled up while writing
+    arguments.fail(f"--out={args.out!r} could not be written: {error}")
   print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -157,13 +157,17 @@ class Streamer:
     options = grain.ReadOptions(num_threads=READ_THREADS, prefetch_buffer_size=READ_AHEAD)
     self._iterators = {}
     self._current = {}
-    for worker in self.local_workers:
-      start = int(start_steps[worker])
-      # A worker takes at most one local step a tick: total_steps bounds its steps.
-      steps = grain.MapDataset.range(start, max(start, total_steps) + 1)
-      dataset = steps.map(functools.partial(self.read, worker)).to_iter_dataset(options)
-      self._iterators[worker] = iter(dataset)
-      self._current[worker] = (start, *next(self._iterators[worker]))
+    try:
+      for worker in self.local_workers:
+        start = int(start_steps[worker])
+        # A worker takes at most one local step a tick: total_steps bounds its steps.
+        steps = grain.MapDataset.range(start, max(start, total_steps) + 1)
+        dataset = steps.map(functools.partial(self.read, worker)).to_iter_dataset(options)
+        self._iterators[worker] = iter(dataset)
+        self._current[worker] = (start, *next(self._iterators[worker]))
+    except BaseException:
+      self.close()  # the readers already started stop with the error
+      raise
 
   def _order(self, worker: int, epoch: int) -> np.ndarray:
     """The permutation of worker's partition in `epoch`, computed once; each
