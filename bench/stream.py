@@ -32,14 +32,14 @@ STEPS = {"lenet5": 40, "resnet20": 4}
 def _records(folder: str, shape, count: int) -> None:
   import numpy as np  # noqa: PLC0415
 
-  from easgd.data import records  # noqa: PLC0415
+  from easgd.data import convert  # noqa: PLC0415
 
   rng = np.random.default_rng(0)
   splits = {
     split: (rng.integers(0, 256, (n, *shape), np.uint8), rng.integers(0, 10, n, np.int32))
     for split, n in (("train", count), ("test", 100))
   }
-  records.write(folder, splits, 10, 255.0)
+  convert.write(folder, splits, 10, 255.0)
 
 
 def _trainee(name, folder, source, args, workdir):

@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   # The data and each worker's batches.
   config.data = ml_collections.ConfigDict()
   # mnist5k | digits | mnist | fashion_mnist | cifar10 | cifar100 | imagenette |
-  # imagenet2012 | records (a folder of easgd.data.records in run.data_dir)
+  # imagenet2012 | records (a folder of easgd.data.convert in run.data_dir)
   config.data.dataset = "mnist5k"
   config.data.augment = "none"  # none | crop_flip (CIFAR's pad-4 random crop and flip)
   config.data.batch_size = 32  # per worker (pipeline: per model)

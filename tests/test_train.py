@@ -60,12 +60,13 @@ def test_default_config_learns_in_300_steps_and_writes_tensorboard(tmp_path):
 def test_default_config_learns_in_bfloat16_and_saves_a_float32_state(tmp_path):
   """config.dtype=bfloat16 computes in bfloat16; the default run still reaches its
   accuracy, and what it keeps (center, workers, optimizer state) is float32."""
-  config = config_with(
-    {"run.log_every": 0, "run.eval_every": 0, "run.checkpoint_every": 0}, dtype="bfloat16"
-  )
+  # 400 of its 600 steps (a constant rate: the same trajectory): 0.956 measured,
+  # above 0.95 from step 250 on.
+  overrides = {"run.total_steps": 400, "run.log_every": 0, "run.eval_every": 0}
+  config = config_with(overrides | {"run.checkpoint_every": 0}, dtype="bfloat16")
   result = trainer.train_and_evaluate(config, str(tmp_path))
   assert result.metrics["eval/center_accuracy"] >= 0.95
-  saved = read_state(tmp_path / "checkpoints" / "600" / "state")
+  saved = read_state(tmp_path / "checkpoints" / "400" / "state")
   kept = [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(result.state))]
   for leaves in (saved, kept):
     assert {leaf.dtype.name for leaf in leaves if leaf.dtype.kind in "fV"} == {"float32"}
