@@ -10,14 +10,12 @@ matrix units take it at several times the float32 rate; a CPU without such
 units converts it around every operation, so expect a ratio below 1 here.
 """
 
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from peer_steps import SHAPES  # bench/peer_steps.py, beside this file
 from peers import model_names
+from variants import print_rates, time_interleaved  # bench/variants.py
 
 from easgd import arguments, models, steps
 from easgd.infra.compile import compile_program
@@ -56,26 +54,12 @@ def main():
   args = parser.parse_args()
   print(f"device: {jax.devices()[0].device_kind}")
   for name in args.models:
-    programs = {dtype: list(compiled_step(name, dtype, args.batch_size)) for dtype in DTYPES}
-    rates = {dtype: [] for dtype in DTYPES}
-    count = STEPS[name]
-    for _ in range(args.rounds):
-      for dtype, program in programs.items():
-        compiled, state, images, labels = program
-        state = compiled(state, images, labels)  # warm-up
-        jax.block_until_ready(state)
-        start = time.perf_counter()
-        for _ in range(count):
-          state = compiled(state, images, labels)
-        jax.block_until_ready(state)
-        rates[dtype].append(count * args.batch_size / (time.perf_counter() - start))
-        program[1] = state
-    print(f"\n{name}, batch {args.batch_size}: medians of {args.rounds} rounds of {count} steps")
-    print("| dtype | images/s | vs float32 |\n| --- | --- | --- |")
-    base = statistics.median(rates["float32"])
-    for dtype, values in rates.items():
-      rate = statistics.median(values)
-      print(f"| {dtype} | {rate:.0f} | {rate / base:.2f}x |")
+    programs = {dtype: compiled_step(name, dtype, args.batch_size) for dtype in DTYPES}
+    rates = time_interleaved(programs, STEPS[name], args.batch_size, args.rounds)
+    print(
+      f"\n{name}, batch {args.batch_size}: medians of {args.rounds} rounds of {STEPS[name]} steps"
+    )
+    print_rates("dtype", rates, "float32")
 
 
 if __name__ == "__main__":

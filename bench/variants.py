@@ -108,28 +108,41 @@ def main():
   args = parser.parse_args()
   for name in args.models:
     programs = {
-      label: list(compiled_step(name, swaps, args.batch_size))
-      for label, swaps in VARIANTS[name].items()
+      label: compiled_step(name, swaps, args.batch_size) for label, swaps in VARIANTS[name].items()
     }
-    rates = {label: [] for label in programs}
-    count = STEPS[name]
-    for _ in range(args.rounds):
-      for label, program in programs.items():
-        compiled, state, images, labels = program
-        state = compiled(state, images, labels)  # warm-up
-        jax.block_until_ready(state)
-        start = time.perf_counter()
-        for _ in range(count):
-          state = compiled(state, images, labels)
-        jax.block_until_ready(state)
-        rates[label].append(count * args.batch_size / (time.perf_counter() - start))
-        program[1] = state
-    print(f"\n{name}, batch {args.batch_size}: medians of {args.rounds} rounds of {count} steps")
-    print("| changes on | images/s | vs none |\n| --- | --- | --- |")
-    base = statistics.median(next(iter(rates.values())))
-    for label, values in rates.items():
-      rate = statistics.median(values)
-      print(f"| {label} | {rate:.0f} | {rate / base:.2f}x |")
+    rates = time_interleaved(programs, STEPS[name], args.batch_size, args.rounds)
+    print(
+      f"\n{name}, batch {args.batch_size}: medians of {args.rounds} rounds of {STEPS[name]} steps"
+    )
+    print_rates("changes on", rates, "none")
+
+
+def time_interleaved(programs: dict, count: int, batch_size: int, rounds: int) -> dict:
+  """{label: images/s of each round} of compiled steps (label: (compiled, state, images,
+  labels)) timed `count` steps a round, the labels interleaved in every round."""
+  programs = {label: list(program) for label, program in programs.items()}
+  rates = {label: [] for label in programs}
+  for _ in range(rounds):
+    for label, program in programs.items():
+      compiled, state, images, labels = program
+      state = compiled(state, images, labels)  # warm-up
+      jax.block_until_ready(state)
+      start = time.perf_counter()
+      for _ in range(count):
+        state = compiled(state, images, labels)
+      jax.block_until_ready(state)
+      rates[label].append(count * batch_size / (time.perf_counter() - start))
+      program[1] = state
+  return rates
+
+
+def print_rates(column: str, rates: dict, base_name: str) -> None:
+  """A table of the medians of `rates`, each as a ratio to the first row's."""
+  print(f"| {column} | images/s | vs {base_name} |\n| --- | --- | --- |")
+  base = statistics.median(next(iter(rates.values())))
+  for label, values in rates.items():
+    rate = statistics.median(values)
+    print(f"| {label} | {rate:.0f} | {rate / base:.2f}x |")
 
 
 if __name__ == "__main__":
