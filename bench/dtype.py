@@ -11,15 +11,10 @@ units converts it around every operation, so expect a ratio below 1 here.
 """
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from peer_steps import SHAPES  # bench/peer_steps.py, beside this file
 from peers import model_names
-from variants import print_rates, time_interleaved  # bench/variants.py
+from variants import plain_sgd_step, print_rates, time_interleaved  # bench/variants.py
 
-from easgd import arguments, models, steps
-from easgd.infra.compile import compile_program
-from easgd.rules import model_state
+from easgd import arguments, models
 
 STEPS = {"lenet5": 30, "resnet20": 3}
 DTYPES = ("float32", "bfloat16")
@@ -27,23 +22,7 @@ DTYPES = ("float32", "bfloat16")
 
 def compiled_step(name: str, dtype: str, batch_size: int):
   """The compiled plain SGD step of network `name` computing in `dtype`, and its arguments."""
-  model = models.get_model(name, 10, dtype)
-  shape = SHAPES[name]
-  rng = np.random.default_rng(0)
-  images = jnp.asarray(rng.integers(0, 256, (batch_size, *shape), np.uint8))
-  labels = jnp.asarray(rng.integers(0, 10, batch_size, np.int32))
-  tree = model_state.model_tree(jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, *shape))))
-  loss_fn = steps.make_loss_fn(model, lambda x: x.astype(jnp.float32) / 255.0)
-
-  def step(tree, images, labels):
-    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-      tree, {"image": images, "label": labels}
-    )
-    updates = jax.tree.map(lambda g: -0.1 * g, grads)
-    return jax.tree.map(jnp.add, tree, model_state.stats_step(updates, tree, aux))
-
-  lowered = jax.jit(step, donate_argnums=0).lower(tree, images, labels)
-  return compile_program(lowered, jax.devices()[0].platform), tree, images, labels
+  return plain_sgd_step(models.get_model(name, 10, dtype), name, batch_size)
 
 
 def main():

@@ -66,6 +66,27 @@ VARIANTS = {
 }
 
 
+def plain_sgd_step(model, name: str, batch_size: int):
+  """The compiled plain SGD step (learning rate 0.1) of `model` on random batches of
+  network `name`'s shape, and its arguments: (compiled, tree, images, labels)."""
+  shape = SHAPES[name]
+  rng = np.random.default_rng(0)
+  images = jnp.asarray(rng.integers(0, 256, (batch_size, *shape), np.uint8))
+  labels = jnp.asarray(rng.integers(0, 10, batch_size, np.int32))
+  tree = model_state.model_tree(jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, *shape))))
+  loss_fn = steps.make_loss_fn(model, lambda x: x.astype(jnp.float32) / 255.0)
+
+  def step(tree, images, labels):
+    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      tree, {"image": images, "label": labels}
+    )
+    updates = jax.tree.map(lambda g: -0.1 * g, grads)
+    return jax.tree.map(jnp.add, tree, model_state.stats_step(updates, tree, aux))
+
+  lowered = jax.jit(step, donate_argnums=0).lower(tree, images, labels)
+  return compile_program(lowered, jax.devices()[0].platform), tree, images, labels
+
+
 def compiled_step(name: str, swaps: dict, batch_size: int):
   """The compiled plain SGD step of network `name` with `swaps`, and its arguments."""
   module = lenet if name == "lenet5" else resnet
@@ -79,22 +100,7 @@ def compiled_step(name: str, swaps: dict, batch_size: int):
     model = resnet.ResNet(num_classes=10)
   module.materialize = swaps["materialize"]
   try:
-    shape = SHAPES[name]
-    rng = np.random.default_rng(0)
-    images = jnp.asarray(rng.integers(0, 256, (batch_size, *shape), np.uint8))
-    labels = jnp.asarray(rng.integers(0, 10, batch_size, np.int32))
-    tree = model_state.model_tree(model.init(jax.random.PRNGKey(0), jnp.zeros((1, *shape))))
-    loss_fn = steps.make_loss_fn(model, lambda x: x.astype(jnp.float32) / 255.0)
-
-    def step(tree, images, labels):
-      (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        tree, {"image": images, "label": labels}
-      )
-      updates = jax.tree.map(lambda g: -0.1 * g, grads)
-      return jax.tree.map(jnp.add, tree, model_state.stats_step(updates, tree, aux))
-
-    lowered = jax.jit(step, donate_argnums=0).lower(tree, images, labels)
-    return compile_program(lowered, "cpu"), tree, images, labels
+    return plain_sgd_step(model, name, batch_size)  # traced here, with the swaps in place
   finally:
     for attribute, value in saved.items():
       setattr(module, attribute, value)
