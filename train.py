@@ -17,7 +17,7 @@ import sys
 from absl import app, flags, logging
 
 from easgd import cli, schema, trainer, validation
-from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged
+from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged, WorkerFailed
 from easgd.infra import distributed, sharding, watchdog
 
 _CONFIG = cli.define_config(cli.packaged_config("default.py"))
@@ -68,7 +68,7 @@ def main(argv):
     # at once, and they abort when its heartbeats stop.
     print(f"error: {error}", file=sys.stderr, flush=True)
     os._exit(1)
-  except TrainingDiverged as error:
+  except (TrainingDiverged, WorkerFailed) as error:
     cli.fail(str(error), code=1)
   if result.preempted:
     logging.info("stopped by a preemption notice; run the same command to resume")

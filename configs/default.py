@@ -26,6 +26,13 @@ def get_config() -> ml_collections.ConfigDict:
   # center, optimizer state, BatchNorm statistics, the loss and the exchanges'
   # sums stay float32 (README, "Speed").
   config.dtype = "float32"
+  # How the parameter-server rules' workers run (easgd/runtime/): "simulated"
+  # steps them all in each tick of the timing model's schedule (cluster.*);
+  # "threads" runs each worker in its own host thread without waiting for the
+  # others, serves the center under the rule's discipline, and writes every
+  # master operation to WORKDIR/trace.jsonl, which cluster.replay replays
+  # (README, "Real asynchrony").
+  config.runtime = "simulated"
 
   # The data and each worker's batches.
   config.data = ml_collections.ConfigDict()
@@ -124,6 +131,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.cluster.servers = 1  # parameter servers the center is split over
   config.cluster.server_bandwidth = float("inf")  # each server's link; inf: not modelled
   config.cluster.allreduce = "ring"  # ring | tree
+  # A trace.jsonl of a runtime=threads run: the simulated runtime replays its
+  # recorded order of operations instead of the timing model's. "": off.
+  config.cluster.replay = ""
 
   # The device, for the planner only (python -m easgd.plan): bytes, and the
   # FLOP/s a training step sustains (0: steps take cluster.compute_time).

@@ -16,3 +16,8 @@ class TrainingDiverged(RuntimeError):
 class CheckpointUnreadable(RuntimeError):
   """A process of a multi-process run could not read its part of a checkpoint and
   set the checkpoint aside; train.py exits with status 1 (rerun to resume)."""
+
+
+class WorkerFailed(RuntimeError):
+  """A worker thread of runtime=threads raised; the message names the worker, its
+  step and the error. train.py exits with status 1."""

@@ -27,12 +27,13 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh
 
-from easgd import evaluation, models, schema, steps, validation
+from easgd import evaluation, models, runtime, schema, steps, validation
 from easgd.data import stream
 from easgd.data.datasets import Dataset, load_dataset
 from easgd.errors import ConfigError, TrainingDiverged
 from easgd.infra import checkpoint, preemption, profiler, sharding, watchdog
 from easgd.rules import model_state
+from easgd.runtime import trace
 
 # Programs queued without waiting for a result. More than about 32 queued
 # programs with collectives deadlock XLA's CPU runtime on several devices.
@@ -104,6 +105,8 @@ def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) ->
   saved = checkpoint.saved_config(workdir)
   if saved is not None:
     validation.check_resumable(saved, config, workdir)
+  if config.cluster.replay:
+    trace.check_replay(config)
   return dataset
 
 
@@ -132,6 +135,17 @@ def setup(config: ml_collections.ConfigDict, workdir: str, parts_per_device: int
     raise ConfigError(
       f"config.data.source={config.data.source!r}: the pipeline keeps one partition a device "
       f"on the devices and cannot stream ({placement.reason}); use data.source=device"
+    )
+  if config.runtime == runtime.THREADS and placement.source == stream.STREAM:
+    raise ConfigError(
+      f"config.data.source={config.data.source!r}: runtime=threads reads each worker's batches "
+      f"from its partition on its device and cannot stream ({placement.reason}); "
+      "use data.source=device or runtime=simulated"
+    )
+  if config.runtime == runtime.THREADS and jax.process_count() > 1:
+    raise ConfigError(
+      f"config.runtime='threads' runs on one host; this run has {jax.process_count()} "
+      "processes: use runtime=simulated (docs/asynchrony.md, 'Beyond one host')"
     )
   logging.info("training data: %s (%s)", placement.source, placement.reason)
   train_images = train_labels = None

@@ -80,7 +80,12 @@ MOVED = {
 
 # Fields added since, with the value that computes what the versions before them
 # did: a checkpoint whose config lacks one was written under that value.
-EARLIER_VALUES = {"deterministic_sums": False, "dtype": "float32"}
+EARLIER_VALUES = {
+  "deterministic_sums": False,
+  "dtype": "float32",
+  "runtime": "simulated",
+  "cluster.replay": "",
+}
 
 
 def hint(field: str) -> str:

@@ -99,15 +99,29 @@ def sample_local_batches(
     batch_size: examples per worker.
     augment: (key, images) -> images, or None.
   """
+  workers = local_workers(labels.shape[0])
+  return sample_batches(images, labels, rng, workers, worker_steps, batch_size, augment)
+
+
+def sample_batches(
+  images,
+  labels,
+  rng,
+  workers,
+  worker_steps,
+  batch_size: int,
+  augment: augment_lib.Augment | None = None,
+):
+  """`sample_local_batches` for the workers of global indices `workers` [w], whose
+  partitions are images [w, n, ...] and labels [w, n] (outside shard_map too)."""
   size = labels.shape[1]
 
   def one_worker(worker, step, worker_images, worker_labels):
     indices = batch_indices(rng, step, worker, size, batch_size)
     return worker_images[indices], worker_labels[indices]
 
-  workers = local_workers(labels.shape[0])
   batch_images, batch_labels = jax.vmap(one_worker)(workers, worker_steps, images, labels)
-  return augment_local_batches(batch_images, batch_labels, rng, worker_steps, augment)
+  return augment_batches(batch_images, batch_labels, rng, workers, worker_steps, augment)
 
 
 def augment_local_batches(
@@ -115,11 +129,16 @@ def augment_local_batches(
 ):
   """Per device: the local workers' batches [P/D, b, ...] as {"image", "label"},
   each augmented (if `augment` is given) with the key of its worker and step."""
+  workers = local_workers(labels.shape[0])
+  return augment_batches(images, labels, rng, workers, worker_steps, augment)
+
+
+def augment_batches(images, labels, rng, workers, worker_steps, augment=None):
+  """`augment_local_batches` for the workers of global indices `workers`."""
 
   def one_worker(worker, step, batch_images):
     return augment_lib.apply(augment, rng, worker, step, batch_images)
 
-  workers = local_workers(labels.shape[0])
   return {"image": jax.vmap(one_worker)(workers, worker_steps, images), "label": labels}
 
 

@@ -97,16 +97,16 @@ def place(mesh: Mesh, host_array: np.ndarray, spec: P) -> jax.Array:
   return jax.make_array_from_callback(host_array.shape, sharding, lambda index: host_array[index])
 
 
-def jit_shard_map(per_device, mesh: Mesh, in_specs, out_specs):
+def jit_shard_map(per_device, mesh: Mesh, in_specs, out_specs, donate: bool = True):
   """jit(shard_map(per_device)) with explicit shardings, the first argument (the
-  training state) donated so that its buffers are updated in place.
+  training state) donated so that its buffers are updated in place (`donate`).
   """
   mapped = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
   return jax.jit(
     mapped,
     in_shardings=named(mesh, in_specs),
     out_shardings=named(mesh, out_specs),
-    donate_argnums=0,
+    donate_argnums=0 if donate else (),
   )
 
 

@@ -120,11 +120,12 @@ class ParameterServerRule(Rule):
 
   # The step.
 
-  def _local(self, state: TrainState, batch, loss_fn, stepping: jax.Array):
+  def local_step(self, state: TrainState, batch, loss_fn, stepping: jax.Array):
     """Local step of this device's workers that are in the tick.
 
     Returns (workers, worker_opt, updates still to apply, loss, accuracy);
-    the elastic rules apply their update after the master's operations.
+    the elastic rules apply their update after the master's operations. The
+    threads runtime (easgd.runtime.threads) calls it for one worker at a time.
     """
     hyper = self.hyper
 
@@ -151,9 +152,14 @@ class ParameterServerRule(Rule):
     worker_opt["accum"] = where(jax.tree.map(jnp.add, accum, pushed), accum)
     return workers, worker_opt, None, loss, aux["accuracy"]
 
-  def _read(self, carry, j, key, locked: bool):
+  def serve_read(self, carry, j, key, locked: bool):
     """Request of worker j; locked: READ and WRITE at once. `key` draws the
-    compression of what the request sends (easgd.rules.exchange)."""
+    compression of what the request sends (easgd.rules.exchange).
+
+    carry = (center, center_opt, shared): `shared` holds rows of the workers'
+    fields ("workers", "worker_steps" after this tick's steps, and the request
+    fields); the tick program passes all P rows, the threads runtime the one
+    row of the requesting worker (j = 0)."""
     center, center_opt, shared = carry
     dtype = self.hyper.exchange_dtype
     if self.elastic:
@@ -194,30 +200,35 @@ class ParameterServerRule(Rule):
       shared = dict(shared, pending=_set(shared["pending"], j, increment))
     return center, center_opt, shared
 
-  def _write(self, carry, j):
+  def serve_write(self, carry, j):
+    """Hogwild's WRITE of worker j: x~ <- x~ + its pending increment."""
     center, center_opt, shared = carry
     return optax.apply_updates(center, _index(shared["pending"], j)), center_opt, shared
+
+  def serve(self, tick, key, start, carry):
+    """The master's operations start, ..., num_ops - 1 of `tick`, in order, on
+    carry = (center, center_opt, shared) (see `serve_read`). The tick program
+    serves them all; the threads runtime one at a time, as it happens."""
+
+    def operation(n, carry):
+      j = tick["op_worker"][n]
+      op_key = jax.random.fold_in(key, n)
+      if self.policy != clocks.Policy.HOGWILD:
+        return self.serve_read(carry, j, op_key, locked=True)
+      return lax.cond(
+        tick["op_kind"][n] == ticks.OpKind.READ,
+        lambda: self.serve_read(carry, j, op_key, locked=False),
+        lambda: self.serve_write(carry, j),
+      )
+
+    return lax.fori_loop(start, tick["num_ops"], operation, carry)
 
   def _master(self, tick, key, first, count, steps_done, center, center_opt, workers, worker_opt):
     shared = {"workers": workers, **{f: worker_opt[f] for f in self._request_fields()}}
     shared["worker_steps"] = steps_done
     # Every device gets all rows, as values equal on every device.
     shared = lax.all_gather(shared, AXIS, tiled=True, to="invarying")
-
-    def operation(n, carry):
-      j = tick["op_worker"][n]
-      op_key = jax.random.fold_in(key, n)
-      if self.policy != clocks.Policy.HOGWILD:
-        return self._read(carry, j, op_key, locked=True)
-      return lax.cond(
-        tick["op_kind"][n] == ticks.OpKind.READ,
-        lambda: self._read(carry, j, op_key, locked=False),
-        lambda: self._write(carry, j),
-      )
-
-    center, center_opt, shared = lax.fori_loop(
-      0, tick["num_ops"], operation, (center, center_opt, shared)
-    )
+    center, center_opt, shared = self.serve(tick, key, 0, (center, center_opt, shared))
     own = jax.tree.map(lambda leaf: lax.dynamic_slice_in_dim(leaf, first, count), shared)
     worker_opt = dict(worker_opt, **{f: own[f] for f in self._request_fields()})
     return center, center_opt, own["workers"], worker_opt
@@ -226,7 +237,7 @@ class ParameterServerRule(Rule):
     count = state.worker_steps.shape[0]
     first = lax.axis_index(AXIS) * count
     stepping = lax.dynamic_slice_in_dim(tick["local"], first, count)
-    workers, worker_opt, updates, loss, accuracy = self._local(state, batch, loss_fn, stepping)
+    workers, worker_opt, updates, loss, accuracy = self.local_step(state, batch, loss_fn, stepping)
     steps_done = state.worker_steps + stepping.astype(jnp.int32)
     key = exchange_key(state)
     center, center_opt, workers, worker_opt = lax.cond(

@@ -34,14 +34,12 @@ class TickPacker:
     staleness: int = -1,
     wait: float = 0.0,
     sent: float = 0.0,
-  ) -> None:
+  ) -> int:
     """Places one event of `worker`: a local step (`local`) and/or a master operation
-    (`op`); a served request also records its staleness, wait and bytes."""
-    last = self._last_tick[worker]
-    if op is None:
-      index = last + 1
-    else:
-      index = max(last + 1 if local else last, self._last_op_tick)
+    (`op`); a served request also records its staleness, wait and bytes. Returns
+    the index of the tick it falls in."""
+    index = self.index_of(worker, local, op is not None)
+    if op is not None:
       self._last_op_tick = index
     self._last_tick[worker] = index
     while len(self._open) <= index - self._released:
@@ -56,6 +54,14 @@ class TickPacker:
       tick.waits.append(wait)
       tick.requests[worker] += 1
     tick.bytes_sent[worker] += sent
+    return index
+
+  def index_of(self, worker: int, local: bool, op: bool) -> int:
+    """The tick an event of `worker` would fall in if it were emitted now."""
+    last = self._last_tick[worker]
+    if not op:
+      return last + 1
+    return max(last + 1 if local else last, self._last_op_tick)
 
   def complete(self) -> bool:
     """Whether no future event can fall into the next tick to release."""
@@ -68,6 +74,18 @@ class TickPacker:
     """The next tick (call when `complete()`); it may be empty."""
     self._released += 1
     return self._open.popleft()
+
+  def ops_in(self, index: int) -> int:
+    """Master operations already in tick `index` (the next one's position there)."""
+    position = index - self._released
+    return len(self._open[position].ops) if 0 <= position < len(self._open) else 0
+
+  def release_all(self) -> list[Tick]:
+    """Every tick still open, in order (when no event is to come)."""
+    ticks = list(self._open)
+    self._released += len(ticks)
+    self._open.clear()
+    return ticks
 
   def state_dict(self) -> dict:
     return {
