@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from easgd import trainer, validation
 from easgd.errors import ConfigError, WorkerFailed
-from easgd.runtime import threads, trace
+from easgd.runtime import trace, workers
 from runs import config_with, read_state, steps_saved, train
 
 # 40 ticks of the MLP, checkpoints at 20 and 40.
@@ -112,14 +112,14 @@ def test_the_trace_holds_every_master_operation_in_order(tmp_path):
 
 
 def test_a_failing_worker_stops_the_run_naming_it(tmp_path, monkeypatch):
-  compute = threads.ThreadsTrainee._compute
+  compute = workers.Workers._compute
 
   def failing(self, j, at, opt, base, step):
     if j == 1 and step == 5:
       raise FloatingPointError("injected")
     return compute(self, j, at, opt, base, step)
 
-  monkeypatch.setattr(threads.ThreadsTrainee, "_compute", failing)
+  monkeypatch.setattr(workers.Workers, "_compute", failing)
   config = _config("async_easgd", 2, **{"run.total_steps": 400})
   config.runtime = "threads"
   started = time.monotonic()

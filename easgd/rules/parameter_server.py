@@ -103,14 +103,14 @@ class ParameterServerRule(Rule):
     return tick.device_inputs()
 
   # Which worker_opt fields a request reads or writes (all-gathered for the master).
-  def _request_fields(self) -> tuple[str, ...]:
+  def request_fields(self) -> tuple[str, ...]:
     fields = () if self.elastic else ("accum",)
     return fields + (("pending",) if self.policy == clocks.Policy.HOGWILD else ())
 
   def init(self, params, rng):
     num_workers = self.hyper.num_workers
     workers = stack_workers(params, num_workers)
-    worker_opt = {field: jax.tree.map(jnp.zeros_like, workers) for field in self._request_fields()}
+    worker_opt = {field: jax.tree.map(jnp.zeros_like, workers) for field in self.request_fields()}
     worker_opt["inner"] = optimizers.init_workers(self.inner, workers)
     center_opt = () if self.elastic else self.server_optimizer().init(model_state.trainable(params))
     return initial_state(rng, params, center_opt, workers, worker_opt, num_workers)
@@ -224,13 +224,13 @@ class ParameterServerRule(Rule):
     return lax.fori_loop(start, tick["num_ops"], operation, carry)
 
   def _master(self, tick, key, first, count, steps_done, center, center_opt, workers, worker_opt):
-    shared = {"workers": workers, **{f: worker_opt[f] for f in self._request_fields()}}
+    shared = {"workers": workers, **{f: worker_opt[f] for f in self.request_fields()}}
     shared["worker_steps"] = steps_done
     # Every device gets all rows, as values equal on every device.
     shared = lax.all_gather(shared, AXIS, tiled=True, to="invarying")
     center, center_opt, shared = self.serve(tick, key, 0, (center, center_opt, shared))
     own = jax.tree.map(lambda leaf: lax.dynamic_slice_in_dim(leaf, first, count), shared)
-    worker_opt = dict(worker_opt, **{f: own[f] for f in self._request_fields()})
+    worker_opt = dict(worker_opt, **{f: own[f] for f in self.request_fields()})
     return center, center_opt, own["workers"], worker_opt
 
   def step(self, state, batch, loss_fn, tick):

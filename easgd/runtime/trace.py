@@ -15,7 +15,10 @@ One JSON object a line:
       "read"/"wrote": the center's version it read / wrote (versions count
       the writes to the center), "staleness": writes by other workers since
       the worker's previous read, "wait": seconds it queued for the master,
-      "time": seconds since the run began, "tick": the tick it falls in;
+      "service": seconds the master took, "compute": seconds the local step
+      took on its device (a straggler's delay left out), "time": seconds of
+      training since the run began (pauses at evaluations and checkpoints
+      left out), "tick": the tick it falls in;
   {"kind": "end", "events": N, "ticks": T}: written when the run completes.
 
 Replaying packs the events, in their order, into ticks with the simulated
@@ -76,6 +79,8 @@ class Event:
   staleness: int = -1
   wait: float = 0.0
   time: float = 0.0
+  compute: float = 0.0
+  service: float = 0.0
 
   def line(self) -> str:
     return json.dumps({"kind": "event", **dataclasses.asdict(self)}) + "\n"

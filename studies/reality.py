@@ -1,0 +1,292 @@
+"""The timing model against reality: measured runs beside the model's predictions.
+
+    python studies/reality.py --workdir runs/reality [--total_steps 1000]
+
+On this machine's 2 devices (one per core), 2 workers of LeNet-5 on mnist5k,
+with and without worker 1 slowed 2x:
+  * async_easgd and hogwild_easgd train under runtime=threads (measured: wall
+    seconds of training, staleness and worker steps from the trace);
+  * sync_easgd trains in lock-step on the devices (the simulated runtime's
+    program is a real lock-step step), each step timed, the straggler's extra
+    time slept after it (every step of a lock-step run waits for the slowest);
+then each is trained again under the timing model (runtime=simulated) with
+what the measured run measured: the median compute seconds of worker 0's
+local steps and their lognormal spread, the master's mean service seconds,
+and a network of no latency and no bandwidth limit (the devices share host
+memory). The study writes docs/reality_table.md (time to 95% center test
+accuracy, staleness, worker steps, with the prediction error) and
+docs/reality.png (accuracy against seconds, measured and predicted).
+"""
+
+import logging
+import os
+import sys
+import time
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 2)
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
+from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
+
+from easgd import arguments, reports, trainer  # noqa: E402
+from easgd.configs import default  # noqa: E402
+from easgd.runtime import trace  # noqa: E402
+
+TARGET = 0.95
+RULES = ("async_easgd", "hogwild_easgd", "sync_easgd")
+STRAGGLER, SLOWDOWN = 1, 2.0
+EVERY = 25
+
+
+def config_for(rule: str, total_steps: int, straggler: bool):
+  config = default.get_config()
+  config.algorithm = rule
+  config.workers = 2
+  config.run.devices = 2
+  config.run.total_steps = total_steps
+  config.run.log_every = config.run.eval_every = EVERY
+  config.run.checkpoint_every = 0
+  cluster = config.cluster
+  cluster.speed_spread = cluster.jitter = cluster.latency = cluster.master_time = 0.0
+  cluster.bandwidth = float("inf")
+  cluster.stragglers = (STRAGGLER,) if straggler else ()
+  cluster.straggler_slowdown = SLOWDOWN
+  return config
+
+
+def scalars(workdir: str) -> dict[str, dict[int, float]]:
+  accumulator = event_accumulator.EventAccumulator(workdir)
+  accumulator.Reload()
+  return {
+    tag: {event.step: event.value for event in accumulator.Scalars(tag)}
+    for tag in accumulator.Tags()["scalars"]
+  }
+
+
+class LockStepClock:
+  """Times each step of a synchronous run as it executes, sleeping a straggler's extra
+  time after it: the wall seconds of a lock-step run, step by step."""
+
+  def __init__(self, slowdown: float):
+    self.slowdown, self.seconds, self.step_seconds = slowdown, {}, []
+    self._step = trainer.RuleTrainee.step
+
+  def __enter__(self):
+    clock = self
+
+    def timed(trainee):
+      started = time.perf_counter()
+      result = clock._step(trainee)
+      jax.block_until_ready(trainee.state)
+      seconds = time.perf_counter() - started
+      clock.step_seconds.append(seconds)
+      time.sleep((clock.slowdown - 1.0) * seconds)
+      total = (clock.seconds[len(clock.seconds)] if clock.seconds else 0.0) + (
+        time.perf_counter() - started
+      )
+      clock.seconds[len(clock.seconds) + 1] = total
+      return result
+
+    trainer.RuleTrainee.step = timed
+    return self
+
+  def __exit__(self, *exc):
+    trainer.RuleTrainee.step = self._step
+
+
+def measure(rule: str, config, workdir: str) -> dict:
+  """Trains the measured run; returns its accuracy curve against seconds and what it measured."""
+  if rule == "sync_easgd":
+    slowdown = SLOWDOWN if config.cluster.stragglers else 1.0
+    with LockStepClock(slowdown) as clock:
+      trainer.train_and_evaluate(config, workdir)
+    values = scalars(workdir)
+    compute = np.asarray(clock.step_seconds[5:])  # after the first steps' warm-up
+    return {
+      "accuracy": values["eval/center_accuracy"],
+      "seconds": clock.seconds,
+      "compute": compute,
+      "service": 0.0,
+      "staleness": [],
+      "worker_steps": [config.run.total_steps] * 2,  # every worker, every step
+    }
+  config.runtime = "threads"
+  trainer.train_and_evaluate(config, workdir)
+  values = scalars(workdir)
+  recorded = trace.read(os.path.join(workdir, trace.FILE))
+  compute = np.asarray([e.compute for e in recorded.events if e.local and e.worker == 0][5:])
+  services = [e.service for e in recorded.events if e.service > 0]
+  steps = np.bincount([e.worker for e in recorded.events if e.local], minlength=2)
+  return {
+    "accuracy": values["eval/center_accuracy"],
+    "seconds": values["sim/time"],
+    "compute": compute,
+    "service": float(np.mean(services)) if services else 0.0,
+    "staleness": [e.staleness for e in recorded.events if e.staleness >= 0],
+    "worker_steps": steps.tolist(),
+  }
+
+
+def predict(config, measured: dict, workdir: str) -> dict:
+  """Trains the same run under the timing model fitted to what was measured."""
+  config.runtime = "simulated"
+  compute = measured["compute"]
+  config.cluster.compute_time = float(np.median(compute))
+  config.cluster.jitter = float(np.std(np.log(compute)))
+  config.cluster.master_time = measured["service"]
+  staleness = []
+  add = reports._TickTotals.add
+
+  def add_and_keep(totals, tick):
+    staleness.extend(tick.staleness)
+    add(totals, tick)
+
+  reports._TickTotals.add = add_and_keep
+  try:
+    trainer.train_and_evaluate(config, workdir)
+  finally:
+    reports._TickTotals.add = add
+  values = scalars(workdir)
+  return {
+    "accuracy": values["eval/center_accuracy"],
+    "seconds": values["sim/time"],
+    "staleness": staleness,
+    "worker_steps": [
+      int(values[f"sim/worker_steps_{end}"][config.run.total_steps]) for end in ("max", "min")
+    ],
+    "compute_time": config.cluster.compute_time,
+    "jitter": config.cluster.jitter,
+  }
+
+
+def time_to_target(run: dict) -> float | None:
+  reached = [step for step in sorted(run["accuracy"]) if run["accuracy"][step] >= TARGET]
+  return run["seconds"][reached[0]] if reached else None
+
+
+def _seconds(value) -> str:
+  return "not reached" if value is None else f"{value:.2f}"
+
+
+def write_table(rows, path, command):
+  lines = [
+    f"Made by `{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+    f"load average {os.getloadavg()[0]:.2f}). 2 workers on 2 CPU devices, LeNet-5 on "
+    f"mnist5k, time to {TARGET:.0%} center test accuracy (evaluated every {EVERY} steps); "
+    "measured: runtime=threads (sync_easgd: a timed lock-step run); predicted: the "
+    "timing model given the measured compute time (median, lognormal spread) and "
+    "master service time.",
+    "",
+    "| rule | worker 1 | compute / step (ms) | measured (s) | predicted (s) | error | "
+    "staleness measured | staleness predicted | worker steps measured | predicted |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for row in rows:
+    measured, predicted = row["measured_time"], row["predicted_time"]
+    error = (
+      f"{(predicted - measured) / measured:+.0%}" if measured and predicted is not None else "-"
+    )
+    lines.append(
+      f"| {row['rule']} | {row['straggler']} | {row['compute'] * 1e3:.2f} | "
+      f"{_seconds(measured)} | {_seconds(predicted)} | {error} | {row['staleness_measured']} | "
+      f"{row['staleness_predicted']} | {row['steps_measured']} | {row['steps_predicted']} |"
+    )
+  with open(path, "w") as file:
+    file.write("\n".join(lines) + "\n")
+
+
+def _staleness(values) -> str:
+  if not values:
+    return "-"
+  counts = np.bincount(values)
+  shares = ", ".join(f"{n}: {c / len(values):.0%}" for n, c in enumerate(counts) if c)
+  return f"{np.mean(values):.2f} ({shares})"
+
+
+def plot(results, path):
+  figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+  for axis, straggler in zip(axes, (False, True), strict=True):
+    for index, rule in enumerate(RULES):
+      measured, predicted = results[rule, straggler]
+      color = f"C{index}"
+      for run, style, what in ((measured, "-", "measured"), (predicted, "--", "predicted")):
+        steps = sorted(run["accuracy"])
+        axis.plot(
+          [run["seconds"][s] for s in steps],
+          [run["accuracy"][s] for s in steps],
+          style,
+          color=color,
+          label=f"{rule} {what}",
+        )
+    axis.axhline(TARGET, color="grey", linewidth=0.5)
+    axis.set_ylim(0.8, 1.0)
+    axis.set_xlabel("seconds of training")
+    axis.set_title(f"worker 1 {SLOWDOWN:g}x slower" if straggler else "equal workers")
+  axes[0].set_ylabel("center test accuracy")
+  axes[1].legend(fontsize=7)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+
+
+def main():
+  parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
+  parser.add_argument("--total_steps", type=arguments.integer(EVERY), default=1000)
+  parser.add_argument(
+    "--docs",
+    type=arguments.directory("--docs"),
+    default=os.path.join(os.path.dirname(__file__), "..", "docs"),
+  )
+  args = parser.parse_args()
+  for name, made_by in (
+    ("reality_table.md", b"Made by `python studies/reality.py"),
+    ("reality.png", b"matplotlib"),
+  ):
+    arguments.check_overwritable(os.path.join(args.docs, name), made_by)
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  logging.getLogger("absl").setLevel(logging.WARNING)
+
+  results, rows = {}, []
+  for straggler in (False, True):
+    for rule in RULES:
+      name = f"{rule}_{'straggler' if straggler else 'equal'}"
+      print(f"measuring {name} ...", flush=True)
+      real = os.path.join(args.workdir, name, "measured")
+      model = os.path.join(args.workdir, name, "predicted")
+      for workdir in (real, model):
+        if os.path.exists(workdir):
+          arguments.fail(f"--workdir: {workdir} exists; give a new --workdir")
+      measured = measure(rule, config_for(rule, args.total_steps, straggler), real)
+      predicted = predict(config_for(rule, args.total_steps, straggler), measured, model)
+      results[rule, straggler] = measured, predicted
+      rows.append(
+        {
+          "rule": rule,
+          "straggler": f"{SLOWDOWN:g}x slower" if straggler else "equal",
+          "compute": float(np.median(measured["compute"])),
+          "measured_time": time_to_target(measured),
+          "predicted_time": time_to_target(predicted),
+          "staleness_measured": _staleness(measured["staleness"]),
+          "staleness_predicted": _staleness(predicted["staleness"]),
+          "steps_measured": measured["worker_steps"],
+          "steps_predicted": predicted["worker_steps"],
+        }
+      )
+  os.makedirs(args.docs, exist_ok=True)
+  command = " ".join(["python studies/reality.py", *sys.argv[1:]])
+  table = os.path.join(args.docs, "reality_table.md")
+  write_table(rows, table, command)
+  plot(results, os.path.join(args.docs, "reality.png"))
+  with open(table) as written:
+    print(written.read())
+
+
+if __name__ == "__main__":
+  main()
