@@ -166,9 +166,19 @@ def predict(config, measured: dict, workdir: str) -> dict:
   }
 
 
-def time_to_target(run: dict) -> float | None:
+def step_to_target(run: dict) -> int | None:
   reached = [step for step in sorted(run["accuracy"]) if run["accuracy"][step] >= TARGET]
-  return run["seconds"][reached[0]] if reached else None
+  return reached[0] if reached else None
+
+
+def time_to_target(run: dict) -> float | None:
+  step = step_to_target(run)
+  return None if step is None else run["seconds"][step]
+
+
+def seconds_per_step(run: dict) -> float:
+  last = max(run["seconds"])
+  return run["seconds"][last] / last
 
 
 def _seconds(value) -> str:
@@ -185,8 +195,9 @@ def write_table(rows, path, command):
     "master service time.",
     "",
     "| rule | worker 1 | compute / step (ms) | measured (s) | predicted (s) | error | "
+    "step reached, measured / predicted | ms a step, measured / predicted | "
     "staleness measured | staleness predicted | worker steps measured | predicted |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for row in rows:
     measured, predicted = row["measured_time"], row["predicted_time"]
@@ -195,7 +206,8 @@ def write_table(rows, path, command):
     )
     lines.append(
       f"| {row['rule']} | {row['straggler']} | {row['compute'] * 1e3:.2f} | "
-      f"{_seconds(measured)} | {_seconds(predicted)} | {error} | {row['staleness_measured']} | "
+      f"{_seconds(measured)} | {_seconds(predicted)} | {error} | {row['steps_reached']} | "
+      f"{row['step_ms']} | {row['staleness_measured']} | "
       f"{row['staleness_predicted']} | {row['steps_measured']} | {row['steps_predicted']} |"
     )
   with open(path, "w") as file:
@@ -273,6 +285,9 @@ def main():
           "compute": float(np.median(measured["compute"])),
           "measured_time": time_to_target(measured),
           "predicted_time": time_to_target(predicted),
+          "steps_reached": f"{step_to_target(measured)} / {step_to_target(predicted)}",
+          "step_ms": f"{seconds_per_step(measured) * 1e3:.2f} / "
+          f"{seconds_per_step(predicted) * 1e3:.2f}",
           "staleness_measured": _staleness(measured["staleness"]),
           "staleness_predicted": _staleness(predicted["staleness"]),
           "steps_measured": measured["worker_steps"],

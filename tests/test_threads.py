@@ -60,7 +60,6 @@ def _assert_same_bits(a_dir, b_dir, step):
     ("async_easgd", 4, True),
     ("original_easgd", 4, False),  # round robin
     ("hogwild_easgd", 2, True),  # no lock
-    ("hogwild_sgd", 4, False),
     ("async_msgd", 2, False),  # the master's momentum
   ],
 )

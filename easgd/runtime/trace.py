@@ -32,7 +32,6 @@ import json
 import os
 
 import ml_collections
-import numpy as np
 
 from easgd import schema
 from easgd.errors import ConfigError
@@ -98,9 +97,13 @@ class Writer:
       self._file.write(json.dumps(header(config)) + "\n")
       self.events = 0
     else:
+      # Cut back under another name, then renamed: a kill meanwhile leaves the
+      # trace whole for the next resume.
       kept = _lines(self.path, 1 + keep_events)
-      self._file = open(self.path, "w")  # noqa: SIM115
-      self._file.writelines(kept)
+      with open(self.path + ".cut", "w") as cut:
+        cut.writelines(kept)
+      os.replace(self.path + ".cut", self.path)
+      self._file = open(self.path, "a")  # noqa: SIM115
       self.events = keep_events
     self._file.flush()
 
@@ -242,11 +245,3 @@ class ReplayClock(clocks.Clock):
   def load_state_dict(self, state):
     super().load_state_dict(state)
     self._position = int(state["position"])
-
-
-def worker_steps_of(events: list[Event], num_workers: int) -> np.ndarray:
-  """Local steps each worker took in `events`."""
-  steps = np.zeros(num_workers, np.int64)
-  for event in events:
-    steps[event.worker] += event.local
-  return steps
