@@ -127,8 +127,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
     trainee = threads.ThreadsTrainee(setup, rule, state, cluster, sent_bytes, clock_state, resumed)
   else:
     if config.cluster.replay:
-      replayed = trace.check_replay(config)
-      clock = trace.ReplayClock(replayed, cluster, model_bytes, config.seed, sent_bytes)
+      ticks = trace.check_replay(config)
+      clock = trace.ReplayClock(ticks, cluster, model_bytes, config.seed, sent_bytes)
     else:
       clock = rule.make_clock(cluster, model_bytes, config.seed, sent_bytes)
     if clock_state is not None:

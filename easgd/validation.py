@@ -9,7 +9,7 @@ import os
 
 import ml_collections
 
-from easgd import optimizer_checks, runtime, schema
+from easgd import optimizer_checks, schema
 from easgd.data import augment, stream
 from easgd.data.datasets import DATASETS
 from easgd.errors import ConfigError
@@ -19,6 +19,7 @@ from easgd.pipeline.programs import PER_MODEL_FIELDS
 from easgd.rules import RULES, model_state
 from easgd.rules.base import DEFAULT_BETA, Pull
 from easgd.rules.parameter_server import Downpour
+from easgd.runtime import checks as runtime_checks
 from easgd.sim import timing
 
 SERVER_OPTIMIZERS = Downpour.server_optimizers
@@ -62,7 +63,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     config.dtype,
     f"valid: {', '.join(DTYPES)} (what the models compute in; parameters stay float32)",
   )
-  _validate_runtime(config)
+  runtime_checks.validate_runtime(config)
   _require(
     _is_int(config.workers) and config.workers >= 1,
     "workers",
@@ -82,48 +83,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _validate_pipeline(config)
   else:
     _validate_rule(config)
-
-
-def _validate_runtime(config: ml_collections.ConfigDict) -> None:
-  """runtime=threads runs the parameter-server rules only; a replay drives the simulated one."""
-  _require(
-    config.runtime in runtime.RUNTIMES,
-    "runtime",
-    config.runtime,
-    f"valid: {', '.join(runtime.RUNTIMES)}",
-  )
-  replay = config.cluster.replay
-  _require(isinstance(replay, str), "cluster.replay", replay, "a trace.jsonl path, or '' (off)")
-  asynchronous = config.algorithm in RULES and RULES[config.algorithm].parameter_server()
-  server_rules = ", ".join(name for name, rule in RULES.items() if rule.parameter_server())
-  if config.runtime == runtime.THREADS:
-    _require(
-      asynchronous,
-      "runtime",
-      config.runtime,
-      f"threads runs the parameter-server rules ({server_rules}); {config.algorithm} "
-      "keeps its workers in lock-step: use runtime=simulated",
-    )
-    _require(
-      not replay,
-      "cluster.replay",
-      replay,
-      "a replay drives runtime=simulated; runtime=threads records a new trace: leave it ''",
-    )
-    _require(
-      not config.run.profile,
-      "run.profile",
-      config.run.profile,
-      "profiles the simulated runtime's tick programs; with runtime=threads leave it ''",
-    )
-  if replay:
-    _require(
-      asynchronous,
-      "cluster.replay",
-      replay,
-      f"replays a parameter-server rule's order of requests ({server_rules}); "
-      f"{config.algorithm} has none",
-    )
 
 
 def _validate_data(data: ml_collections.ConfigDict) -> None:

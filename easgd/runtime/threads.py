@@ -101,6 +101,8 @@ class ThreadsTrainee(RuleReports):
     clock = LiveClock(config.workers)
     if clock_state is not None:
       clock.load_state_dict(clock_state)
+    # First: a resumed run whose trace is missing or short stops here, having written nothing.
+    trace = trace_lib.Writer(setup.workdir, config, None if clock_state is None else clock.events)
     super().__init__(setup, rule, clock, resumed_at)
     self.schedule = config.run
     self.rng = state.rng
@@ -111,7 +113,6 @@ class ThreadsTrainee(RuleReports):
     rows = self._split(state, setup.train_images, setup.train_labels)
     compiled = self._compile(rule, setup, rows)
     mean_times = cluster.mean_step_times(config.workers)
-    trace = trace_lib.Writer(setup.workdir, config, None if clock_state is None else clock.events)
     self.pool = Workers(
       rule,
       rows,
@@ -123,7 +124,7 @@ class ThreadsTrainee(RuleReports):
       mean_times / mean_times.min() - 1.0,
       self.cut,
     )
-    self.pool.start()
+    self.started = False  # the threads start at the first step
 
   # Layout: the loop's sharded state <-> one row per worker on its device.
 
@@ -186,30 +187,33 @@ class ThreadsTrainee(RuleReports):
     config = setup.config
     augment = augment_lib.get(config.data.augment)
     local, master = programs(rule, setup.loss_fn, config.data.batch_size, augment)
-    split, whole = P(AXIS), P()
+    split, whole, platform = P(AXIS), P(), setup.platform
 
-    def compiled(function, device, in_specs, out_specs, *args):
+    def lowered(function, device, in_specs, out_specs, *args):
       mesh = Mesh(np.array([device]), (AXIS,))
       program = sharding.jit_shard_map(function, mesh, in_specs, out_specs, donate=False)
-      return compile_program(program.lower(*args), setup.platform)
+      return program.lower(*args)
 
     def on(device, value):
       return jax.device_put(np.asarray(value, np.int32), device)
 
-    local_steps = {}
+    pending = {}
     for d, device in enumerate(self.devices):
       j = d * self.per_device
       workers, opt = rows["workers"][j], rows["worker_opt"][j]
       args = (workers, opt, on(device, [0]), rows["rng_on"][device])
       args += (rows["images"][j], rows["labels"][j], on(device, [j]), workers)
       specs = (split, split, split, whole, split, split, split, split)
-      local_steps[device] = compiled(local, device, specs, split, *args)
+      pending[device] = lowered(local, device, specs, split, *args)
     center = self.devices[0]
     fields = {f: rows["worker_opt"][0][f] for f in rule.request_fields()}
     row = {"workers": rows["workers"][0], **fields, "worker_steps": on(self.devices[0], [0])}
     args = (rows["center"], rows["center_opt"], jax.device_put(row, center))
     args += (rows["rng_on"][center], on(center, 0), on(center, 0), on(center, 0))
-    return local_steps, compiled(master, center, (whole,) * 7, whole, *args)
+    master_op = compile_program(lowered(master, center, (whole,) * 7, whole, *args), platform)
+    return {device: compile_program(program, platform) for device, program in pending.items()}, (
+      master_op
+    )
 
   # The loop's side.
 
@@ -236,6 +240,9 @@ class ThreadsTrainee(RuleReports):
 
   def step(self):
     pool = self.pool
+    if not self.started:
+      pool.start()
+      self.started = True
     with pool.cond:
       step = self._loop_step = self._loop_step + 1
       pool.raise_limit(self._boundary(step) - 1)
@@ -243,9 +250,23 @@ class ThreadsTrainee(RuleReports):
         self._cut()
       else:
         pool.wait_for_leader(step - 1)
-      values = pool.take_means()
-    rate = self.rule.learning_rate(jnp.asarray(pool.steps))
-    return {**values, "learning_rate": float(np.mean(np.asarray(rate)))}, None
+      sums = pool.take_sums()
+    # Sums: a loop step may see any number of local steps (or none).
+    return sums, None
+
+  def add(self, values, context) -> np.ndarray:
+    """Sums of the local steps' losses and accuracies, divided by their number in `log`."""
+    del context
+    for tag in ("loss", "accuracy"):
+      self.sums[tag] = self.sums.get(tag, 0.0) + float(values[tag])
+    self.count += int(values["steps"])
+    return np.array([values["loss"]])  # not finite once a step's loss is not
+
+  def log(self, step, train_seconds):
+    self.count = max(self.count, 1)
+    rate = self.rule.learning_rate(jnp.asarray(self.pool.steps))
+    self.sums["learning_rate"] = float(np.mean(np.asarray(rate))) * self.count
+    return super().log(step, train_seconds)
 
   def save(self, divergence):
     del divergence
@@ -262,7 +283,7 @@ class ThreadsTrainee(RuleReports):
 
   def finish(self):
     with self.pool.cond:
-      self.pool.trace.end(self.cut)
+      self.pool.trace.end(self.pool.clock.events, self.cut)
     super().finish()
 
   def close(self):

@@ -5,18 +5,21 @@ One JSON object a line:
       the fields that shape the trajectory (easgd.schema), less the runtime
       and the timing model's (a replay keeps the recorded order instead);
   {"kind": "event", "worker": j, "step": k, "op", "local", "tick", "read", "wrote",
-   "staleness", "wait", "time"}
+   "staleness", "wait", "service", "compute", "time"}
       one thing worker j did, in the order the master saw it:
         op "local":    its local step k (k local steps done before it);
         op "exchange": a request served under the lock (read and write at
-                       once); "local": true when the worker's local step k
-                       comes with it (the EASGD family's exchange steps);
+                       once);
         op "read" / "write": the two halves of a Hogwild request;
+      "local": true when the worker's local step k comes with the event (a
+      local step, or the request of an EASGD worker's exchange step, an
+      exchange or a READ);
       "read"/"wrote": the center's version it read / wrote (versions count
       the writes to the center), "staleness": writes by other workers since
       the worker's previous read, "wait": seconds it queued for the master,
-      "service": seconds the master took, "compute": seconds the local step
-      took on its device (a straggler's delay left out), "time": seconds of
+      "service": seconds the master took, "compute": seconds a "local"
+      event's step took on its device (a straggler's delay left out; 0 for
+      the others: an exchange step computes after its request), "time": seconds of
       training since the run began (pauses at evaluations and checkpoints
       left out), "tick": the tick it falls in;
   {"kind": "end", "events": N, "ticks": T}: written when the run completes.
@@ -95,7 +98,6 @@ class Writer:
     if keep_events is None:
       self._file = open(self.path, "w")  # noqa: SIM115 (open for the run's length)
       self._file.write(json.dumps(header(config)) + "\n")
-      self.events = 0
     else:
       # Cut back under another name, then renamed: a kill meanwhile leaves the
       # trace whole for the next resume.
@@ -104,19 +106,18 @@ class Writer:
         cut.writelines(kept)
       os.replace(self.path + ".cut", self.path)
       self._file = open(self.path, "a")  # noqa: SIM115
-      self.events = keep_events
     self._file.flush()
 
   def add(self, event: Event) -> None:
     self._file.write(event.line())
-    self.events += 1
 
   def sync(self) -> None:
     self._file.flush()
     os.fsync(self._file.fileno())
 
-  def end(self, ticks: int) -> None:
-    self._file.write(json.dumps({"kind": "end", "events": self.events, "ticks": ticks}) + "\n")
+  def end(self, events: int, ticks: int) -> None:
+    """The end line: the run completed with `events` events in `ticks` ticks."""
+    self._file.write(json.dumps({"kind": "end", "events": events, "ticks": ticks}) + "\n")
     self.sync()
 
   def close(self) -> None:
@@ -134,8 +135,8 @@ def _lines(path: str, count: int) -> list[str]:
     lines = [line for _, line in zip(range(count), file, strict=False)]
   if len(lines) < count or not lines[-1].endswith("\n"):
     raise ConfigError(
-      f"{path!r} holds fewer events than the checkpoint to resume counts ({count - 1}); "
-      "use another --workdir"
+      f"{path!r} holds fewer whole lines than the checkpoint to resume counts events "
+      f"({count - 1}, after the header); use another --workdir"
     )
   return lines
 
@@ -159,22 +160,37 @@ def read(path: str) -> Trace:
   records = []
   for number, line in enumerate(lines, 1):
     try:
-      records.append(json.loads(line))
+      record = json.loads(line)
     except json.JSONDecodeError:
       raise ConfigError(f"{name} is cut or malformed at line {number}: not JSON") from None
-  if not records or records[0].get("kind") != "header" or records[0].get("version") != VERSION:
+    if not isinstance(record, dict):
+      raise ConfigError(f"{name} is malformed at line {number}: not a JSON object")
+    records.append(record)
+  first = records[0] if records else {}
+  if first.get("kind") != "header" or first.get("version") != VERSION:
     raise ConfigError(f"{name} does not begin with a version-{VERSION} trace header")
-  if records[-1].get("kind") != "end":
+  workers = first.get("workers")
+  if not isinstance(workers, int) or workers < 1 or not isinstance(first.get("config"), dict):
+    raise ConfigError(f"{name}'s header lacks its workers or config")
+  end = records[-1]
+  if end.get("kind") != "end":
     raise ConfigError(
       f"{name} is truncated: it has no end line (the run was stopped or the file cut); "
       "replay the trace of a run that completed"
     )
-  try:
-    events = [Event(**{k: v for k, v in r.items() if k != "kind"}) for r in records[1:-1]]
-  except TypeError as error:
-    raise ConfigError(f"{name} holds a malformed event: {error}") from None
-  end = records[-1]
-  if end.get("events") != len(events) or any(e.op not in OPS for e in events):
+  events = []
+  for number, record in enumerate(records[1:-1], 2):
+    try:
+      event = Event(**{k: v for k, v in record.items() if k != "kind"})
+    except TypeError as error:
+      raise ConfigError(f"{name} is malformed at line {number}: {error}") from None
+    if record.get("kind") != "event" or event.op not in OPS or not 0 <= event.worker < workers:
+      raise ConfigError(
+        f"{name} is malformed at line {number}: not an event of one of its {workers} "
+        f"workers with an op of {', '.join(OPS)}"
+      )
+    events.append(event)
+  if end.get("events") != len(events) or not isinstance(end.get("ticks"), int):
     raise ConfigError(
       f"{name} is inconsistent: its end line counts {end.get('events')} events, "
       f"it holds {len(events)}"
@@ -182,9 +198,9 @@ def read(path: str) -> Trace:
   return Trace(records[0], events, int(end["ticks"]))
 
 
-def check_replay(config: ml_collections.ConfigDict) -> Trace:
-  """The trace config.cluster.replay names, checked against `config`; ConfigError if it
-  is not a trace of this configuration."""
+def check_replay(config: ml_collections.ConfigDict) -> list[Tick]:
+  """The ticks of the trace config.cluster.replay names, checked against `config`;
+  ConfigError if it is not a trace of this configuration, or not consistent."""
   path = config.cluster.replay
   trace = read(path)
   recorded, here = trace.header["config"], recorded_fields(config)
@@ -199,11 +215,18 @@ def check_replay(config: ml_collections.ConfigDict) -> Trace:
       f"run.total_steps={config.run.total_steps}: cluster.replay={path!r} holds "
       f"{trace.ticks} ticks; set run.total_steps={trace.ticks}"
     )
-  return trace
+  ticks = pack(trace.events, trace.header["workers"])
+  if len(ticks) != trace.ticks:
+    raise ConfigError(
+      f"cluster.replay={path!r} is inconsistent: its events fill {len(ticks)} ticks, "
+      f"its end line counts {trace.ticks}"
+    )
+  return ticks
 
 
-def pack(events: list[Event], num_workers: int, sent_bytes: float) -> list[Tick]:
-  """The ticks of `events` in their order; each event must fall in its recorded tick."""
+def pack(events: list[Event], num_workers: int) -> list[Tick]:
+  """The ticks of `events` in their order; each event must fall in its recorded tick.
+  (A request's bytes are left to the clock that replays them.)"""
   packer = TickPacker(num_workers)
   for number, event in enumerate(events):
     op = OPS[event.op]
@@ -214,7 +237,6 @@ def pack(events: list[Event], num_workers: int, sent_bytes: float) -> list[Tick]
       op,
       event.staleness,
       event.wait,
-      sent_bytes if event.staleness >= 0 else 0.0,
     )
     if tick != event.tick:
       raise ConfigError(
@@ -225,12 +247,13 @@ def pack(events: list[Event], num_workers: int, sent_bytes: float) -> list[Tick]
 
 
 class ReplayClock(clocks.Clock):
-  """The ticks of a recorded run, in place of the timing model's."""
+  """The ticks of a recorded run (`check_replay`), in place of the timing model's."""
 
-  def __init__(self, trace: Trace, cluster: timing.Cluster, model_bytes, seed, sent_bytes):
-    num_workers = trace.header["workers"]
-    super().__init__(cluster, num_workers, model_bytes, seed, sent_bytes)
-    self._ticks = pack(trace.events, num_workers, self.sent_bytes)
+  def __init__(self, ticks: list[Tick], cluster: timing.Cluster, model_bytes, seed, sent_bytes):
+    super().__init__(cluster, len(ticks[0].local), model_bytes, seed, sent_bytes)
+    for tick in ticks:
+      tick.bytes_sent = tick.requests * self.sent_bytes  # what each request carried
+    self._ticks = ticks
     self._position = 0
 
   def _advance(self) -> Tick:

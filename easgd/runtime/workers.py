@@ -28,8 +28,8 @@ worker is parked the state is a consistent cut of that tick: every worker
 between two steps, the master idle (easgd.runtime.threads uses it).
 
 Stragglers: cluster.speed_spread and cluster.stragglers become real delays
-(a worker c_i/c_0 times slower sleeps (c_i/c_0 - 1) times its measured step
-after each step); the other timing fields describe a network and a master
+(a worker c_i/c_min times slower than the fastest sleeps (c_i/c_min - 1)
+times its measured step after each step); the other timing fields describe a network and a master
 that this runtime measures instead.
 """
 
@@ -38,6 +38,7 @@ import time
 
 import jax
 import numpy as np
+from absl import logging
 
 from easgd.errors import WorkerFailed
 from easgd.rules import Rule
@@ -91,8 +92,8 @@ class Workers:
     self.compute_seconds = [0.0] * self.num_workers  # each worker's latest local step
     self._paused = 0.0  # seconds parked at cuts (evaluations, checkpoints)
     self._paused_at: float | None = None
-    self._sums = {"loss": 0.0, "accuracy": 0.0, "count": 0}
-    self._started = time.perf_counter()
+    self._sums = {"loss": 0.0, "accuracy": 0.0, "steps": 0}
+    self._started = 0.0  # when `start` started the threads
     self._time_at_start = clock.time
     self.threads = [
       threading.Thread(target=self._worker, args=(j,), name=f"worker-{j}", daemon=True)
@@ -112,6 +113,9 @@ class Workers:
     for thread in self.threads:
       if thread.is_alive():
         thread.join(timeout=60)
+    alive = [thread.name for thread in self.threads if thread.is_alive()]
+    if alive:
+      logging.warning("%s still running after 60 s (a program that does not end)", alive)
 
   # The loop's side (call with self.cond held).
 
@@ -147,7 +151,7 @@ class Workers:
     return self.clock.packer.index_of(j, True, False) - 1
 
   def wait_for_leader(self, tick: int) -> None:
-    """Until some worker has passed tick `tick`, or every worker is parked."""
+    """Until some worker has reached tick `tick`, or every worker is parked."""
     self.wait(lambda: max(map(self._last, range(self.num_workers))) >= tick or self.parked())
 
   def lower_limit(self) -> None:
@@ -157,16 +161,16 @@ class Workers:
     self.limit = min(self.limit, max(map(self._last, range(self.num_workers))) + 1)
     self.cond.notify_all()
 
-  def take_means(self) -> dict[str, float]:
-    """The mean loss and accuracy of the local steps since the last call."""
-    sums, self._sums = self._sums, {"loss": 0.0, "accuracy": 0.0, "count": 0}
-    count = max(sums["count"], 1)
-    return {"loss": sums["loss"] / count, "accuracy": sums["accuracy"] / count}
+  def take_sums(self) -> dict[str, float]:
+    """The summed loss and accuracy of the local steps since the last call, and
+    how many there were."""
+    sums, self._sums = self._sums, {"loss": 0.0, "accuracy": 0.0, "steps": 0}
+    return sums
 
   # The workers' side.
 
   def _worker(self, j: int) -> None:
-    step = self.steps[j]
+    step = self.steps[j]  # named in a failure
     try:
       while True:
         step = self.steps[j]
@@ -222,19 +226,22 @@ class Workers:
     """Seconds of training: the time parked at cuts is left out."""
     return self._time_at_start + time.perf_counter() - self._started - self._paused
 
-  def _commit_local(self, j: int, op: str | None, **record):
-    """Records worker j's local step (with its request, for op); under self.cond."""
-    self._check_stop()
+  def _commit_local(self, j: int, op: str | None, expected: int | None, **record):
+    """Records worker j's local step, with its request for `op` (which fell in
+    tick `expected`); under self.cond."""
     clock = self.clock
-    tick = self._emit(j, True, op, None, record.get("staleness", -1), record.get("wait", 0.0))
-    self._record(j, op or "local", True, tick, compute=self.compute_seconds[j], **record)
+    staleness, wait = record.get("staleness", -1), record.get("wait", 0.0)
+    tick = self._emit(j, True, op, expected, staleness, wait)
+    if op is None:  # a request's step computes after it: no time of its own yet
+      record["compute"] = self.compute_seconds[j]
+    self._record(j, op or "local", True, tick, **record)
     clock.worker_steps[j] += 1
     self.steps[j] += 1
 
   def _add_metrics(self, loss: float, accuracy: float) -> None:
     self._sums["loss"] += loss
     self._sums["accuracy"] += accuracy
-    self._sums["count"] += 1
+    self._sums["steps"] += 1
 
   def _record(self, j: int, op: str, local: bool, tick: int, **record) -> None:
     event = trace_lib.Event(j, self.steps[j], op, local, tick, time=self._now(), **record)
@@ -255,7 +262,7 @@ class Workers:
     with self.cond:
       self._check_stop()
       self.workers[j], self.worker_opt[j] = workers, opt
-      self._commit_local(j, None)
+      self._commit_local(j, None, None)
       self._add_metrics(loss, accuracy)
 
   def _elastic_step(self, j: int, exchange: bool) -> None:
@@ -345,7 +352,7 @@ class Workers:
       fields = {f: row[f] for f in self.rule.request_fields()}
       self.workers[j], self.worker_opt[j] = row["workers"], dict(self.worker_opt[j], **fields)
       if local:
-        self._commit_local(j, op, **record)
+        self._commit_local(j, op, tick, **record)
       else:
         self._emit(j, False, op, tick, staleness, wait)
         self._record(j, op, False, tick, **record)
@@ -355,7 +362,7 @@ class Workers:
   def _emit(self, j, local, op, expected, staleness=-1, wait=0.0) -> int:
     """Places worker j's event into its tick (under self.cond)."""
     sent = self.sent_bytes if staleness >= 0 else 0.0
-    opkind = None if op in (None, "local") else trace_lib.OPS[op]
+    opkind = trace_lib.OPS[op or "local"]
     tick = self.clock.packer.emit(self._now(), j, local, opkind, staleness, wait, sent)
     if expected is not None and tick != expected:
       raise RuntimeError(f"worker {j}'s {op} fell in tick {tick}, not {expected}")
@@ -382,12 +389,12 @@ class Workers:
       base,
     )
 
-  def _row(self, j: int, steps_done: int | None = None) -> dict:
-    """What a request of worker j carries to the master (easgd.rules.parameter_server)."""
+  def _row(self, j: int, steps_done: int) -> dict:
+    """What a request of worker j carries to the master (easgd.rules.parameter_server);
+    `steps_done`: its local steps, the one it is taking included."""
     fields = {f: self.worker_opt[j][f] for f in self.rule.request_fields()}
-    count = self.steps[j] if steps_done is None else steps_done
-    steps_done = jax.device_put(np.asarray([count], np.int32), self._device_of(j))
-    return {"workers": self.workers[j], **fields, "worker_steps": steps_done}
+    steps = jax.device_put(np.asarray([steps_done], np.int32), self._device_of(j))
+    return {"workers": self.workers[j], **fields, "worker_steps": steps}
 
   def _device_of(self, worker: int):
     return self.devices[worker // self.per_device]

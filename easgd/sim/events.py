@@ -39,6 +39,8 @@ class TickPacker:
     (`op`); a served request also records its staleness, wait and bytes. Returns
     the index of the tick it falls in."""
     index = self.index_of(worker, local, op is not None)
+    if index < self._released:
+      raise ValueError(f"worker {worker}'s event falls in tick {index}, already released")
     if op is not None:
       self._last_op_tick = index
     self._last_tick[worker] = index
@@ -81,7 +83,9 @@ class TickPacker:
     return len(self._open[position].ops) if 0 <= position < len(self._open) else 0
 
   def release_all(self) -> list[Tick]:
-    """Every tick still open, in order (when no event is to come)."""
+    """Every tick still open, in order: when no event can fall in them any more
+    (the end of a trace; a cut of the threads runtime, after which every
+    worker's next event falls past the last tick opened)."""
     ticks = list(self._open)
     self._released += len(ticks)
     self._open.clear()
