@@ -37,47 +37,16 @@ class _Event(enum.IntEnum):
   START = 3
 
 
-class Clock(abc.ABC):
-  """Yields the ticks of a run and keeps the run's totals; its state is saved
-  with every checkpoint."""
+class RunTotals:
+  """What a run's workers did so far (sim/time, worker steps, requests, bytes), as
+  the reports read it and a checkpoint saves it: simulated by a `Clock`, or
+  measured (easgd.runtime.clock)."""
 
-  def __init__(
-    self,
-    cluster: Cluster,
-    num_workers: int,
-    model_bytes: float,
-    seed: int,
-    sent_bytes: float | None = None,
-  ):
-    """model_bytes: the size of a message either way (its time); sent_bytes: what a
-    worker's request carries (its count), model_bytes if None. A compressed
-    exchange (easgd.rules.exchange.sizes) sends less than it gets back."""
-    self.cluster = cluster
-    self.num_workers = num_workers
-    self.model_bytes = model_bytes
-    self.sent_bytes = model_bytes if sent_bytes is None else sent_bytes
-    self.seed = seed
-    self.mean_step_times = cluster.mean_step_times(num_workers)
+  def __init__(self, num_workers: int):
     self.time = 0.0
     self.worker_steps = np.zeros(num_workers, np.int64)
     self.requests = np.zeros(num_workers, np.int64)
     self.bytes_sent = np.zeros(num_workers)
-
-  def _step_time(self, worker: int, step: int) -> float:
-    return self.cluster.step_time(self.mean_step_times[worker], self.seed, worker, step)
-
-  def next_tick(self) -> Tick:
-    """Advances the simulation by one tick."""
-    tick = self._advance()
-    self.time = tick.time
-    self.worker_steps += tick.local
-    self.requests += tick.requests
-    self.bytes_sent += tick.bytes_sent
-    return tick
-
-  @abc.abstractmethod
-  def _advance(self) -> Tick:
-    """The next tick."""
 
   def state_dict(self) -> dict:
     """Everything needed to continue, as JSON-serialisable values."""
@@ -94,6 +63,46 @@ class Clock(abc.ABC):
     self.worker_steps = np.array(state["worker_steps"], np.int64)
     self.requests = np.array(state["requests"], np.int64)
     self.bytes_sent = np.array(state["bytes_sent"], np.float64)
+
+
+class Clock(RunTotals, abc.ABC):
+  """Yields the ticks of a run and keeps the run's totals; its state is saved
+  with every checkpoint."""
+
+  def __init__(
+    self,
+    cluster: Cluster,
+    num_workers: int,
+    model_bytes: float,
+    seed: int,
+    sent_bytes: float | None = None,
+  ):
+    """model_bytes: the size of a message either way (its time); sent_bytes: what a
+    worker's request carries (its count), model_bytes if None. A compressed
+    exchange (easgd.rules.exchange.sizes) sends less than it gets back."""
+    super().__init__(num_workers)
+    self.cluster = cluster
+    self.num_workers = num_workers
+    self.model_bytes = model_bytes
+    self.sent_bytes = model_bytes if sent_bytes is None else sent_bytes
+    self.seed = seed
+    self.mean_step_times = cluster.mean_step_times(num_workers)
+
+  def _step_time(self, worker: int, step: int) -> float:
+    return self.cluster.step_time(self.mean_step_times[worker], self.seed, worker, step)
+
+  def next_tick(self) -> Tick:
+    """Advances the simulation by one tick."""
+    tick = self._advance()
+    self.time = tick.time
+    self.worker_steps += tick.local
+    self.requests += tick.requests
+    self.bytes_sent += tick.bytes_sent
+    return tick
+
+  @abc.abstractmethod
+  def _advance(self) -> Tick:
+    """The next tick."""
 
 
 class SyncClock(Clock):
