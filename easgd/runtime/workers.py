@@ -313,8 +313,7 @@ class Workers:
       with self.cond:
         self._check_stop()
         tick = packer.index_of(j, local, True)
-        # A WRITE follows its READ, and a push its local step, at once: they fall in
-        # that event's tick or the last operation's, both within the limit.
+        # A WRITE or a push follows its READ or step at once: always within the limit.
         fits = op == "write" or not local or tick <= self.limit
         position = packer.ops_in(tick)
       if fits:
