@@ -6,7 +6,9 @@ The changes (models/layers.py), each leaving the network's parameters alone:
   LeNet-5   the 2x2 max-pool as reshape + max with reduce_window's gradient
             bits (`pool`), the one-channel first convolution as shifted
             products (`conv1`), its output materialized (`materialize`);
-  ResNet-20 every convolution's input materialized (`materialize`).
+  ResNet-20 every convolution's input materialized (`materialize`),
+            BatchNorm with its statistics and gradient written out
+            (models/batch_norm.py, `batch_norm`; off: Flax's nn.BatchNorm).
 Every variant is a plain SGD step compiled with the project's options, timed
 in interleaved rounds in one process; it prints the median images/s of each
 and the ratio to the first (every change off). The variants are made by
@@ -16,6 +18,7 @@ swapping the layer functions the model modules read when they are traced.
 import statistics
 import time
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +28,7 @@ from peers import model_names
 
 from easgd import arguments, steps
 from easgd.infra.compile import compile_program
-from easgd.models import layers, lenet, resnet
+from easgd.models import batch_norm, layers, lenet, resnet
 from easgd.rules import model_state
 
 STEPS = {"lenet5": 30, "resnet20": 3}
@@ -60,8 +63,12 @@ VARIANTS = {
     },
   },
   "resnet20": {
-    "none": {"materialize": _identity},
-    "materialize (the default)": {"materialize": layers.materialize},
+    "none": {"materialize": _identity, "BatchNorm": nn.BatchNorm},
+    "materialize": {"materialize": layers.materialize, "BatchNorm": nn.BatchNorm},
+    "materialize, batch_norm (the default)": {
+      "materialize": layers.materialize,
+      "BatchNorm": batch_norm.BatchNorm,
+    },
   },
 }
 
@@ -97,6 +104,8 @@ def compiled_step(name: str, swaps: dict, batch_size: int):
     module.conv_general_dilated = swaps["conv1"]
     model = lenet.LeNet5(num_classes=10, pool=pool)
   else:
+    saved["BatchNorm"] = module.BatchNorm
+    module.BatchNorm = swaps["BatchNorm"]
     model = resnet.ResNet(num_classes=10)
   module.materialize = swaps["materialize"]
   try:

@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from flax.typing import Dtype
 
+from easgd.models.batch_norm import BatchNorm
 from easgd.models.layers import materialize
 
 # Running statistics move as in PyTorch's default (momentum 0.1 there), so that
@@ -25,7 +26,7 @@ class BasicBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
-    norm = lambda name: nn.BatchNorm(  # noqa: E731
+    norm = lambda name: BatchNorm(  # noqa: E731
       use_running_average=not train, dtype=self.dtype, name=name, **BATCH_NORM
     )
     conv = lambda stride, name: nn.Conv(  # noqa: E731
@@ -61,7 +62,7 @@ class ResNet(nn.Module):
     # Each convolution's input is materialized (layers.materialize): on XLA:CPU
     # this keeps the filter gradients from recomputing the residual stream.
     conv = nn.Conv(self.widths[0], (3, 3), padding=1, use_bias=False, dtype=self.dtype, name="conv")
-    norm = nn.BatchNorm(use_running_average=not train, dtype=self.dtype, name="bn", **BATCH_NORM)
+    norm = BatchNorm(use_running_average=not train, dtype=self.dtype, name="bn", **BATCH_NORM)
     x = nn.relu(norm(conv(images)))
     x = materialize(x)
     for stage, width in enumerate(self.widths):

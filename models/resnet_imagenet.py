@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from flax.typing import Dtype
 
+from easgd.models.batch_norm import BatchNorm
 from easgd.models.layers import materialize
 from easgd.models.resnet import BATCH_NORM
 
@@ -28,7 +29,7 @@ class Bottleneck(nn.Module):
   @nn.compact
   def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
     def norm(name, **kwargs):
-      return nn.BatchNorm(
+      return BatchNorm(
         use_running_average=not train, dtype=self.dtype, name=name, **BATCH_NORM, **kwargs
       )
 
@@ -78,7 +79,7 @@ class ResNetImageNet(nn.Module):
     stem = nn.Conv(
       self.widths[0], (7, 7), 2, padding=3, use_bias=False, dtype=self.dtype, name="conv"
     )
-    norm = nn.BatchNorm(use_running_average=not train, dtype=self.dtype, name="bn", **BATCH_NORM)
+    norm = BatchNorm(use_running_average=not train, dtype=self.dtype, name="bn", **BATCH_NORM)
     x = nn.relu(norm(stem(images)))
     # Each convolution's input is materialized, as in models/resnet.py (on XLA:CPU
     # this keeps the filter gradients from recomputing the residual stream).

@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 from flax.typing import Dtype
 
+from easgd.models.batch_norm import BatchNorm
 from easgd.models.layers import max_pool_2x2, pad_to
 
 # Output channels of each 3x3 convolution; "M" is a 2x2 max pool.
@@ -34,7 +35,7 @@ class VGG(nn.Module):
         layer, (3, 3), padding=1, use_bias=False, dtype=self.dtype, name=f"conv{convs}"
       )
       x = conv(x)
-      x = nn.BatchNorm(
+      x = BatchNorm(
         use_running_average=not train,
         momentum=0.9,
         epsilon=1e-5,
