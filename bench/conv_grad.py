@@ -5,10 +5,10 @@ forward, input gradient (dx) and filter gradient (dw), batch 128.
 
 Each program is compiled with the project's compiler options
 (easgd/infra/compile.py), or as jax.jit compiles it with --xla_defaults. The
-last line adds up six such convolutions a stage (ResNet-20 has six 3x3
-convolutions of each stage's width, besides its first and the two that halve
-the side): the time its convolutions take on their own, which no change
-around them can remove.
+last lines time ResNet-20's other three convolutions (its first, on 3
+channels, which needs no input gradient, and the two of stride 2 that halve
+the side) and add up all 19 (6, 5 and 5 of the table's, a stage): the time
+its convolutions take on their own, which no change around them can remove.
 
 Each layer is the same 0.6 GFLOP in all three directions; XLA:CPU's times
 for them show which direction is slow. The last two columns compute the
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from easgd import arguments
-from easgd.infra.compile import options_for
+from easgd.infra.compile import compile_program, options_for
 
 
 def _milliseconds(fn, *args, repeats=5, rounds=3):
@@ -67,15 +67,16 @@ def dw_im2col(x, dy):
 def main():
   parser = arguments.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--xla_defaults", action="store_true", help="compile as jax.jit does")
-  options = {} if parser.parse_args().xla_defaults else options_for("cpu")
+  platform = jax.devices()[0].platform
+  options = {} if parser.parse_args().xla_defaults else options_for(platform)
 
   def _compiled(fn, *args):
-    return jax.jit(fn).lower(*args).compile(compiler_options=options)
+    return compile_program(jax.jit(fn).lower(*args), platform, options)
 
   columns = ("forward", "dx", "dw", "slices", "im2col")
   print(f"{'layer':>22} {'GFLOP':>6} " + " ".join(f"{c:>9}" for c in columns))
   total = 0.0
-  for channels, side in ((16, 32), (32, 16), (64, 8)):
+  for channels, side, count in ((16, 32, 6), (32, 16, 5), (64, 8, 5)):
     x = jax.random.normal(jax.random.PRNGKey(0), (128, side, side, channels))
     w = jax.random.normal(jax.random.PRNGKey(1), (3, 3, channels, channels))
     forward = _compiled(conv, x, w)
@@ -93,8 +94,24 @@ def main():
       times.append(_milliseconds(compiled, x, dy))
     cells = " ".join(f"{t:7.1f}ms" for t in times)
     print(f"{f'{channels}@{side}x{side}, 3x3':>22} {gflop:6.2f} {cells}")
-    total += 6 * sum(times[:3])
-  print(f"six convolutions a stage, forward + dx + dw: {total:.0f} ms")
+    total += count * sum(times[:3])
+  for inputs, outputs, side, stride in ((3, 16, 32, 1), (16, 32, 32, 2), (32, 64, 16, 2)):
+    x = jax.random.normal(jax.random.PRNGKey(0), (128, side, side, inputs))
+    w = jax.random.normal(jax.random.PRNGKey(1), (3, 3, inputs, outputs))
+
+    def strided(x, w, stride=stride):
+      pads = ((1, 1), (1, 1))
+      numbers = ("NHWC", "HWIO", "NHWC")
+      return lax.conv_general_dilated(x, w, (stride, stride), pads, dimension_numbers=numbers)
+
+    directions = {"forward": strided, "dw": jax.grad(lambda x, w: strided(x, w).sum(), 1)}
+    if inputs > 3:  # the first convolution's input is the images: no gradient
+      directions["dx"] = jax.grad(lambda x, w: strided(x, w).sum(), 0)
+    times = {name: _milliseconds(_compiled(fn, x, w), x, w) for name, fn in directions.items()}
+    total += sum(times.values())
+    cells = ", ".join(f"{name} {t:.1f}ms" for name, t in times.items())
+    print(f"{inputs}->{outputs} @{side}x{side}, stride {stride}: {cells}")
+  print(f"ResNet-20's 19 convolutions, forward + dx + dw: {total:.0f} ms")
 
 
 if __name__ == "__main__":

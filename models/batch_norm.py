@@ -22,7 +22,9 @@ result; every output of the product adds only n entries, so the rounding stays
 near that of XLA's pairwise sums (tests/test_batch_norm.py). The gradient is
 written out so that it takes the two sums above and one elementwise pass. The
 parameters and statistics have Flax's names, shapes and dtypes (float32), so
-either module reads the other's variables.
+either module reads the other's variables. The sums take this form on the CPU
+only (channel_sums). The gradient is a custom VJP: reverse mode only, as
+jax.grad needs.
 """
 
 import functools
@@ -32,14 +34,37 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax.typing import Dtype
+from jax import lax
 
 
 def channel_sums(x: jnp.ndarray) -> jnp.ndarray:
-  """[n, ..., C] -> [C]: each channel's sum, over the leading axis by a matrix-vector
-  product first (see the module docstring)."""
+  """[n, ..., C] -> [C]: each channel's sum, in float32 (float64 for float64 x).
+
+  On the CPU, over the leading axis by a matrix-vector product first (see the
+  module docstring); elsewhere XLA's own reduction, since GPUs and TPUs would
+  run the product at reduced precision (TF32, bfloat16) by default and their
+  reductions are not slow.
+  """
+  return lax.platform_dependent(x, cpu=_sums_by_product, default=_sums_by_reduction)
+
+
+def _sums_by_product(x):
   leading = x.shape[0]
-  per_entry = jnp.ones((leading,), x.dtype) @ x.reshape(leading, -1)
+  per_entry = jnp.matmul(
+    jnp.ones((leading,), x.dtype),
+    x.reshape(leading, -1),
+    precision=lax.Precision.HIGHEST,
+    preferred_element_type=_summed_type(x),
+  )
   return per_entry.reshape(-1, x.shape[-1]).sum(axis=0)
+
+
+def _sums_by_reduction(x):
+  return x.astype(_summed_type(x)).sum(axis=tuple(range(x.ndim - 1)))
+
+
+def _summed_type(x):
+  return jnp.promote_types(x.dtype, jnp.float32)  # float32, or float64 where x is
 
 
 def _statistics(x):
@@ -51,14 +76,14 @@ def _statistics(x):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def batch_norm_train(x, scale, bias, epsilon):
-  """(y, mean, var) of a training step for x [..., C] float32; see the module docstring."""
+  """(y, mean, var) of a training step for x [n, ..., C] float32; see the module docstring."""
   return _train_forward(x, scale, bias, epsilon)[0]
 
 
 def _train_forward(x, scale, bias, epsilon):
   mean, raw_var = _statistics(x)
   var = jnp.maximum(raw_var, 0.0)
-  inv = jax.lax.rsqrt(var + epsilon)
+  inv = lax.rsqrt(var + epsilon)
   y = (x - mean) * (inv * scale) + bias
   return (y, mean, var), (x, scale, mean, inv, raw_var > 0)
 
@@ -85,7 +110,10 @@ batch_norm_train.defvjp(_train_forward, _train_backward)
 
 class BatchNorm(nn.Module):
   """The subset of nn.BatchNorm the networks use: over every axis but the last,
-  Flax's fast variance, float32 parameters and statistics, output in `dtype`."""
+  Flax's fast variance, computed in float32 with float32 parameters and
+  statistics, output in `dtype` (by default x's, at least float32). Arguments
+  nn.BatchNorm has and this does not (axis, axis_name, use_bias, ...) are
+  refused as unknown."""
 
   use_running_average: bool
   momentum: float = 0.99
@@ -104,7 +132,7 @@ class BatchNorm(nn.Module):
     dtype = self.dtype or jnp.result_type(x, jnp.float32)
     x32 = x.astype(jnp.float32)
     if self.use_running_average:
-      inv = jax.lax.rsqrt(ra_var.value + self.epsilon)
+      inv = lax.rsqrt(ra_var.value + self.epsilon)
       return ((x32 - ra_mean.value) * (inv * scale) + bias).astype(dtype)
     y, mean, var = batch_norm_train(x32, scale, bias, self.epsilon)
     if not self.is_initializing():

@@ -86,12 +86,14 @@ def test_training_step_matches_the_numpy_equations(shape):
   (y, mean, var), (dx, dscale, dbias) = step(*args)
   y_ref, mean_ref, var_ref = _numpy_forward(x, scale, bias)
   dx_ref, dscale_ref, dbias_ref = _numpy_backward(x, scale, dy)
-  _close(y.reshape(y_ref.shape), y_ref, 1e-5)
-  _close(mean, mean_ref, 1e-5)
-  _close(var, var_ref, 1e-5)
-  _close(dx, dx_ref, 1e-4)
-  _close(dscale, dscale_ref, 1e-5)
-  _close(dbias, dbias_ref, 1e-5)
+  # Within 2e-6 of the largest entry: float32 rounding. A sum of all M entries
+  # in one product drifts past it (bench/README.md), as Flax's module does.
+  _close(y.reshape(y_ref.shape), y_ref, 2e-6)
+  _close(mean, mean_ref, 2e-6)
+  _close(var, var_ref, 2e-6)
+  _close(dx, dx_ref, 2e-6)
+  _close(dscale, dscale_ref, 2e-6)
+  _close(dbias, dbias_ref, 2e-6)
 
 
 def _plain(x, scale, bias):
@@ -119,8 +121,7 @@ def test_gradient_through_every_output_matches_jax_autodiff_in_float64():
 
 
 def test_a_channel_of_one_value_has_a_finite_gradient():
-  """A constant channel: the variance is 0 (or clipped there); y is the bias and the
-  gradient is finite, dscale included."""
+  """A constant channel: the variance is 0; y is the bias and the gradient is finite."""
   x, scale, bias, dy = _inputs((4, 3, 3, 2))
   x[..., 0] = 0.75
   with jax.enable_x64():
@@ -133,6 +134,26 @@ def test_a_channel_of_one_value_has_a_finite_gradient():
   for ours, plain in zip(grads, plain_grads, strict=True):
     assert np.isfinite(ours).all()
     np.testing.assert_allclose(ours, plain, rtol=1e-9, atol=1e-9)
+
+
+def test_a_variance_clipped_at_zero_depends_on_nothing():
+  """A large mean and a tiny spread: in float32, E[x^2] - mean^2 rounds to 0 or below
+  and is clipped. Then var is a constant: dx has no x^ term and the variance's
+  cotangent does nothing, while the mean's still passes (dmean / M)."""
+  rng = np.random.default_rng(3)
+  x = np.stack([3000 + 1e-3 * rng.normal(size=(8, 4, 4)), rng.normal(size=(8, 4, 4))], -1)
+  x, scale, bias = (jnp.asarray(a, jnp.float32) for a in (x, [1.3, 0.7], [0.2, -0.1]))
+  dy = jnp.asarray(rng.normal(size=x.shape), jnp.float32)
+  dmean, dvar = jnp.asarray([0.5, 0.25], jnp.float32), jnp.asarray([2.0, -1.0], jnp.float32)
+  (_, _, var), backward = jax.vjp(lambda *a: batch_norm_train(*a, EPSILON), x, scale, bias)
+  assert float(var[0]) == 0.0  # the clipped case is reached
+  dx = backward((dy, dmean, dvar))[0][..., 0]
+  count = x[..., 0].size
+  inv = float(jax.lax.rsqrt(jnp.float32(EPSILON)))
+  expected = 1.3 * inv * (dy[..., 0] - dy[..., 0].mean()) + 0.5 / count
+  _close(dx, expected, 1e-5)
+  without_dvar = backward((dy, dmean, jnp.zeros_like(dvar)))[0][..., 0]
+  assert np.array_equal(np.asarray(dx), np.asarray(without_dvar))
 
 
 @pytest.mark.parametrize("shape", [(128, 32, 32, 16), (3, 5, 5, 7), (1, 2, 2, 3)])
@@ -182,3 +203,27 @@ def test_the_module_computes_in_float32_and_returns_its_dtype():
   assert updated["batch_stats"]["mean"].dtype == jnp.float32
   _close(y.astype(jnp.float32), y_flax.astype(jnp.float32), 1e-2)
   _close(updated["batch_stats"]["var"], updated_flax["batch_stats"]["var"], 1e-5)
+
+
+@pytest.mark.parametrize("shape", [(16, 7), (6, 5, 5, 4)])
+def test_a_training_loss_has_flax_gradients(shape):
+  """jax.grad of a loss through the module, as a training step takes it (rank 2 is a
+  BatchNorm after a dense layer), against the same loss through Flax's module."""
+  x, _, _, target = (jnp.asarray(a, jnp.float32) for a in _inputs(shape, seed=4))
+  ours, flax_bn = _modules(use_running_average=False)
+  variables = jax.tree.map(lambda v: v * 1.1 + 0.05, ours.init(jax.random.PRNGKey(0), x))
+
+  def loss(variables, x, module):
+    y, updated = module.apply(variables, x, mutable=["batch_stats"])
+    return jnp.sum(jnp.tanh(y) * target), updated
+
+  results = [
+    jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True), static_argnums=2)(variables, x, m)
+    for m in (ours, flax_bn)
+  ]
+  (grads, stats), (flax_grads, flax_stats) = results
+  ours_leaves = jax.tree.leaves((grads, stats))
+  flax_leaves = jax.tree.leaves((flax_grads, flax_stats))
+  assert len(ours_leaves) == 7  # d(scale, bias, mean, var), dx; the new mean and var
+  for a, b in zip(ours_leaves, flax_leaves, strict=True):
+    _close(a, b, 1e-5)
