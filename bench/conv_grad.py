@@ -42,8 +42,10 @@ def _milliseconds(fn, *args, repeats=5, rounds=3):
   return best
 
 
-def conv(x, w):
-  return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+def conv(x, w, stride=1):
+  """A 3x3 convolution padded by 1 on each side (SAME at stride 1), NHWC."""
+  pads, numbers = ((1, 1), (1, 1)), ("NHWC", "HWIO", "NHWC")
+  return lax.conv_general_dilated(x, w, (stride, stride), pads, dimension_numbers=numbers)
 
 
 def _shifted(x, size):
@@ -100,9 +102,7 @@ def main():
     w = jax.random.normal(jax.random.PRNGKey(1), (3, 3, inputs, outputs))
 
     def strided(x, w, stride=stride):
-      pads = ((1, 1), (1, 1))
-      numbers = ("NHWC", "HWIO", "NHWC")
-      return lax.conv_general_dilated(x, w, (stride, stride), pads, dimension_numbers=numbers)
+      return conv(x, w, stride)
 
     directions = {"forward": strided, "dw": jax.grad(lambda x, w: strided(x, w).sum(), 1)}
     if inputs > 3:  # the first convolution's input is the images: no gradient
