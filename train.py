@@ -18,7 +18,7 @@ from absl import app, flags, logging
 
 from easgd import cli, schema, trainer, validation
 from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged, WorkerFailed
-from easgd.infra import distributed, sharding, watchdog
+from easgd.infra import distributed, platform, sharding, watchdog
 
 _CONFIG = cli.define_config(cli.packaged_config("default.py"))
 _WORKDIR = flags.DEFINE_string(
@@ -47,18 +47,22 @@ def main(argv):
   try:
     validation.validate(config)
     processes = distributed.requested_processes()
-    # Virtual CPU devices must be asked for before JAX starts its backends;
-    # they only matter where the platform is the CPU. Each process gets an
-    # equal share of the run's devices.
+    # The backend's own settings (easgd.infra.platform) are made before JAX
+    # starts its backends, and only for the backend that runs. Each process
+    # gets an equal share of the run's devices.
     devices = schema.resolve_devices(config)
     if devices % processes:
       raise ConfigError(
         f"config.run.devices={devices} is invalid: must be a multiple of the {processes} processes"
       )
-    if config.deterministic_sums:
+    backend = platform.expected_backend()
+    if backend == "cpu" and config.deterministic_sums:
       sharding.pin_cpu_threads(devices)
+    if backend == "gpu":
+      platform.make_gpu_deterministic()
     distributed.initialize(processes)
-    sharding.configure_cpu_devices(devices // processes)
+    if backend == "cpu":  # accelerators are devices of their own
+      sharding.configure_cpu_devices(devices // processes)
     result = trainer.train_and_evaluate(config, workdir)
   except ConfigError as error:
     cli.fail(str(error))

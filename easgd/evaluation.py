@@ -21,6 +21,38 @@ from easgd.rules import AXIS, model_state
 _MAX_CHUNK = 1000
 
 
+def programs(mesh: Mesh, apply_fn):
+  """The counts of correct predictions, jitted over `mesh`: (workers, center).
+
+  workers(models [P, ...], images, labels) -> [P], each device scoring its
+  models on the whole test set (replicated); center(center, images, labels)
+  -> the center's count, the test set split over the devices. The test set
+  comes as chunks: images [k, chunk, ...] and labels [k, chunk].
+  """
+
+  def correct(params, images, labels):
+    """Correct predictions of one model over chunks [k, chunk, ...]."""
+    per_chunk = lax.map(
+      lambda c: (apply_fn(params, c[0]).argmax(-1) == c[1]).sum(), (images, labels)
+    )
+    return per_chunk.sum()
+
+  def per_device_workers(workers, images, labels):
+    return lax.map(lambda params: correct(params, images, labels), workers)
+
+  def per_device_center(center, images, labels):
+    return lax.psum(correct(center, images, labels), AXIS)
+
+  return (
+    jax.jit(
+      jax.shard_map(per_device_workers, mesh=mesh, in_specs=(P(AXIS), P(), P()), out_specs=P(AXIS))
+    ),
+    jax.jit(
+      jax.shard_map(per_device_center, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P())
+    ),
+  )
+
+
 class Evaluator:
   """Scores stacked models and a center on a test set placed once on the mesh."""
 
@@ -48,26 +80,7 @@ class Evaluator:
       sharding.place(mesh, images, P(AXIS)),
       sharding.place(mesh, labels, P(AXIS)),
     )
-
-    def correct(params, images, labels):
-      """Correct predictions of one model over chunks [k, chunk, ...]."""
-      per_chunk = lax.map(
-        lambda c: (apply_fn(params, c[0]).argmax(-1) == c[1]).sum(), (images, labels)
-      )
-      return per_chunk.sum()
-
-    def per_device_workers(workers, images, labels):
-      return lax.map(lambda params: correct(params, images, labels), workers)
-
-    def per_device_center(center, images, labels):
-      return lax.psum(correct(center, images, labels), AXIS)
-
-    self._workers_fn = jax.jit(
-      jax.shard_map(per_device_workers, mesh=mesh, in_specs=(P(AXIS), P(), P()), out_specs=P(AXIS))
-    )
-    self._center_fn = jax.jit(
-      jax.shard_map(per_device_center, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P())
-    )
+    self._workers_fn, self._center_fn = programs(mesh, apply_fn)
 
   def worker_accuracies(self, workers) -> np.ndarray:
     """Accuracy of each model in `workers` (leading axis of P models, sharded)."""

@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 from easgd import cli, models, schema, steps, validation
 from easgd.data import datasets, stream
 from easgd.errors import ConfigError
-from easgd.infra import sharding
+from easgd.infra import platform, sharding
 from easgd.infra.compile import compile_program
 from easgd.rules import AXIS, RULES, Hyper, exchange, make_rule, model_state
 from easgd.sim import sizing, ticks, timing
@@ -385,7 +385,8 @@ def main(argv, config_flag):
   config = cli.config_value(config_flag)
   try:
     check_plannable(config)
-    sharding.configure_cpu_devices(schema.resolve_devices(config))
+    if platform.expected_backend() == "cpu":
+      sharding.configure_cpu_devices(schema.resolve_devices(config))
     print(make_plan(config).report())
   except ConfigError as error:
     cli.fail(str(error))

@@ -206,11 +206,17 @@ def build_batch_step(
   return _compile(per_device, mesh, state, 2)
 
 
+def init_program(rule: Rule, params, rng: jax.Array, mesh: Mesh):
+  """rule.init jitted to write the state straight into its sharded layout; `params`
+  and `rng` may be abstract (jax.ShapeDtypeStruct)."""
+  abstract = jax.eval_shape(rule.init, params, rng)
+  shardings = sharding.named(mesh, sharding.state_specs(abstract))
+  return jax.jit(rule.init, out_shardings=shardings)
+
+
 def init_state(rule: Rule, params, rng: jax.Array, mesh: Mesh) -> TrainState:
   """rule.init compiled to write the state straight into its sharded layout.
 
   The state gets buffers of its own (the train step donates them).
   """
-  abstract = jax.eval_shape(rule.init, params, rng)
-  shardings = sharding.named(mesh, sharding.state_specs(abstract))
-  return jax.jit(rule.init, out_shardings=shardings)(params, rng)
+  return init_program(rule, params, rng, mesh)(params, rng)

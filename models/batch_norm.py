@@ -36,6 +36,13 @@ import jax.numpy as jnp
 from flax.typing import Dtype
 from jax import lax
 
+from easgd.models.layers import named_after_itself
+
+# The sums the CPU alone computes, and those other platforms compute in their
+# place (see channel_sums; tests/test_lowering.py checks the lowerings for both).
+CPU_ONLY_PATHS = ("_sums_by_product",)
+ACCELERATOR_PATHS = ("_sums_by_reduction",)
+
 
 def channel_sums(x: jnp.ndarray) -> jnp.ndarray:
   """[n, ..., C] -> [C]: each channel's sum, in float32 (float64 for float64 x).
@@ -48,6 +55,7 @@ def channel_sums(x: jnp.ndarray) -> jnp.ndarray:
   return lax.platform_dependent(x, cpu=_sums_by_product, default=_sums_by_reduction)
 
 
+@named_after_itself
 def _sums_by_product(x):
   leading = x.shape[0]
   per_entry = jnp.matmul(
@@ -59,6 +67,7 @@ def _sums_by_product(x):
   return per_entry.reshape(-1, x.shape[-1]).sum(axis=0)
 
 
+@named_after_itself
 def _sums_by_reduction(x):
   return x.astype(_summed_type(x)).sum(axis=tuple(range(x.ndim - 1)))
 

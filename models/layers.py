@@ -8,6 +8,20 @@ import jax.numpy as jnp
 from jax import lax
 
 
+def named_after_itself(function):
+  """`function` with its ops under a named scope of its own name.
+
+  Why: a lowering names each op after the Python functions on its call stack,
+  except inside a custom VJP, whose backward pass (and at times forward pass)
+  is traced where the custom function was called; a named scope stays in the
+  op's name in either pass. The platform-dependent paths below, and
+  BatchNorm's sums (models/batch_norm.py), carry one, so that a profile, or a
+  look at an exported lowering (tests/test_lowering.py), finds which path a
+  platform takes. It names ops and changes no value.
+  """
+  return jax.named_scope(function.__name__)(function)
+
+
 def pad_to(images: jnp.ndarray, side: int) -> jnp.ndarray:
   """Zero-pads images [batch, h, w, c] evenly on both sides up to side x side,
   so that a network designed for 32x32 is the same network on 28x28 MNIST
@@ -69,6 +83,13 @@ def _max_pool_backward(saved, grad):
 
 max_pool_2x2.defvjp(_max_pool_forward, _max_pool_backward)
 
+
+# The functions below that the CPU alone runs, and those other platforms run in
+# their place (the CPU runs _xla_conv too, for the shifted convolution's
+# gradient): lowered for GPUs or TPUs, a program's ops carry no name of the
+# first and, where the layer is used, the names of the second.
+CPU_ONLY_PATHS = ("_shifted_conv", "_materialize_on_cpu")
+ACCELERATOR_PATHS = ("_xla_conv",)
 
 # Forward by shifted products up to this many input channels.
 SHIFTED_CHANNELS = 3
@@ -140,11 +161,13 @@ def conv_general_dilated(
   )
 
 
+@named_after_itself
 def _xla_conv(x, kernel, pads):
   return lax.conv_general_dilated(x, kernel, (1, 1), pads, dimension_numbers=_NHWC)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+@named_after_itself
 def _shifted_conv(x, kernel, pads):
   x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
   rows, cols, channels, _ = kernel.shape
@@ -192,7 +215,12 @@ def materialize(x: jnp.ndarray) -> jnp.ndarray:
 
 @jax.custom_jvp
 def _materialize(x):
-  return lax.platform_dependent(x, cpu=lambda x: x / (1 + 0 * x), default=lambda x: x)
+  return lax.platform_dependent(x, cpu=_materialize_on_cpu, default=lambda x: x)
+
+
+@named_after_itself
+def _materialize_on_cpu(x):
+  return x / (1 + 0 * x)
 
 
 @_materialize.defjvp

@@ -1,5 +1,13 @@
-"""Test setup: 8 virtual CPU devices, collectives that fail fast instead of
-hanging, and one compilation cache for the session.
+"""Test setup: two tiers, and one compilation cache for the session.
+
+The CPU tier (`pytest`, `pytest -m "not e2e"`) runs on 8 virtual CPU devices,
+on every machine, an accelerator's too: JAX is kept to its CPU backend, and
+collectives fail fast instead of hanging. The GPU tier (`pytest -m gpu`,
+tests/test_gpu.py) runs on the GPU JAX finds, with what train.py sets for
+one, and is skipped where there is none; the CPU tier skips its tests.
+
+The platform is chosen in `pytest_configure`, before any test module imports
+JAX: nothing here imports it at module level.
 
 Many tests (and the train.py processes they start) compile the same
 programs; JAX's persistent cache, shared through the environment with the
@@ -10,26 +18,57 @@ across sessions.
 import os
 import tempfile
 
-# Must be set before JAX starts its backends.
-os.environ["XLA_FLAGS"] = " ".join(
-  [
-    os.environ.get("XLA_FLAGS", ""),
-    "--xla_force_host_platform_device_count=8",
-    "--xla_cpu_collective_call_warn_stuck_timeout_seconds=3",
-    "--xla_cpu_collective_call_terminate_timeout_seconds=8",
-  ]
-)
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="jax-cache-"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+import pytest
 
-import jax  # noqa: E402
-
-assert len(jax.devices()) == 8, jax.devices()
+GPU = "gpu"  # the marker of the GPU tier
 
 
-import pytest  # noqa: E402
+def gpu_tier(markexpr: str) -> bool:
+  """Whether `-m` selects the GPU tier: `pytest -m gpu`, or an expression that asks for
+  the marker (`-m "gpu and not e2e"`) rather than leaving it out (`-m "not gpu"`)."""
+  words = markexpr.replace("(", " ( ").replace(")", " ) ").split()
+  return any(word == GPU and (i == 0 or words[i - 1] != "not") for i, word in enumerate(words))
 
-from runs import small_config  # noqa: E402
+
+def pytest_configure(config):
+  if gpu_tier(config.option.markexpr or ""):
+    # What train.py sets for an accelerator, and nothing CPU-only.
+    from easgd.infra import platform  # noqa: PLC0415 (imports JAX, which has not started)
+
+    platform.make_gpu_deterministic()
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="jax-cache-"))
+    return
+  # Must be set before JAX starts its backends.
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  os.environ["XLA_FLAGS"] = " ".join(
+    [
+      os.environ.get("XLA_FLAGS", ""),
+      "--xla_force_host_platform_device_count=8",
+      "--xla_cpu_collective_call_warn_stuck_timeout_seconds=3",
+      "--xla_cpu_collective_call_terminate_timeout_seconds=8",
+    ]
+  )
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="jax-cache-"))
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  import jax  # noqa: PLC0415 (after the environment above)
+
+  assert len(jax.devices()) == 8, jax.devices()
+
+
+def pytest_collection_modifyitems(config, items):
+  """GPU-tier tests run under `-m gpu` on a machine with an accelerator; else skipped."""
+  if gpu_tier(config.option.markexpr or ""):
+    import jax  # noqa: PLC0415 (after pytest_configure)
+
+    platform = jax.devices()[0].platform
+    if platform == GPU:
+      return
+    reason = f"the GPU tier needs a GPU; JAX finds only {platform} devices here"
+  else:
+    reason = "the GPU tier: pytest -m gpu on a machine with a GPU"
+  for item in items:
+    if item.get_closest_marker(GPU) is not None:
+      item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +77,7 @@ def small_run(tmp_path_factory):
   (a mesh of 4 of the 8 devices). Shared by several tests: copy it before changing it.
   """
   from easgd import trainer  # noqa: PLC0415 (after the devices are set)
+  from runs import small_config  # noqa: PLC0415
 
   done = {}
 

@@ -14,7 +14,6 @@ PACKAGE_DIRS["easgd.configs"] = REPO / "configs"
 # Lower layers, which must not import the loop, the trainers or the entry points.
 LOWER = ("easgd.models", "easgd.rules", "easgd.sim")
 HIGHER = ("easgd.loop", "easgd.trainer", "easgd.pipeline.trainer", "easgd.plan", "easgd.launch")
-MAX_LINES = 400
 # Spelled in pieces so that this file does not name them itself.
 IMPORT_PATH = "sys." + "path"
 OUTSIDE = ("ALGORITHMS" + ".md", "../" + "shared")
@@ -85,17 +84,6 @@ def test_the_imports_have_no_cycle():
     visit(name)
 
 
-def test_no_module_is_over_400_lines():
-  sources = [*REPO.glob("*.py"), *(path for path in MODULES.values())]
-  sources += [*REPO.glob("bench/*.py"), *REPO.glob("studies/*.py"), *REPO.glob("tests/*.py")]
-  long = {
-    str(p.relative_to(REPO)): n
-    for p in sources
-    if (n := len(p.read_text().splitlines())) > MAX_LINES
-  }
-  assert not long
-
-
 def test_nothing_edits_the_import_path_or_cites_files_outside_the_repository():
   for path in REPO.rglob("*"):
     if any(
@@ -126,6 +114,14 @@ def test_the_package_declares_the_pins_of_requirements_txt():
   assert declared == _pins((REPO / "requirements.txt").read_text().splitlines())
   packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
   assert set(packages) == {name for name, path in MODULES.items() if path.name == "__init__.py"}
+
+
+def test_the_accelerator_extras_bring_the_pinned_jax():
+  """pip install -e ".[cuda12]" (README) installs the CUDA build of the same jax."""
+  extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+  jax_pin = _pins((REPO / "requirements.txt").read_text().splitlines())["jax"]
+  for extra in ("cuda12", "cuda13", "tpu"):
+    assert extras[extra] == [f"jax[{extra}]=={jax_pin}"], extra
 
 
 def test_models_and_configs_are_the_packages_own():

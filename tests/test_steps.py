@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec as P
 from easgd import models, rules, steps
 from easgd.data import datasets
 from easgd.infra import sharding
-from easgd.rules import AXIS
+from easgd.rules import AXIS, base
 from easgd.sim import timing
 
 
@@ -89,3 +89,24 @@ def test_workers_see_different_batches():
   state, _ = _train(8, "sync_measgd", steps_count=1)
   first_layer = state.workers["fc1"]["kernel"]
   assert not np.allclose(first_layer[0], first_layer[1])
+
+
+def test_the_gpus_worker_by_worker_local_step_equals_the_vmapped_one():
+  """map_workers' GPU form (one call per worker) computes what vmap computes: LeNet-5's
+  loss and gradients of 3 workers with weights of their own."""
+  model = models.get_model("lenet5", 10)
+  keys = jax.random.split(jax.random.PRNGKey(0), 3)
+  workers = jax.vmap(lambda key: model.init(key, jnp.zeros((1, 28, 28, 1)))["params"])(keys)
+  images = jax.random.uniform(jax.random.PRNGKey(1), (3, 8, 28, 28, 1))
+  labels = jax.random.randint(jax.random.PRNGKey(2), (3, 8), 0, 10)
+
+  def loss(params, images, labels):
+    logits = model.apply({"params": params}, images)
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1))
+
+  gradient = jax.value_and_grad(loss)
+  by_worker = jax.jit(lambda *a: base.map_unrolled(gradient, *a))(workers, images, labels)
+  vmapped = jax.jit(jax.vmap(gradient))(workers, images, labels)
+  for a, b in zip(jax.tree.leaves(by_worker), jax.tree.leaves(vmapped), strict=True):
+    assert a.shape == b.shape
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

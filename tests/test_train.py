@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -16,7 +15,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from easgd import trainer
 from easgd.errors import TrainingDiverged
-from runs import config_with, read_state, small_flags
+from runs import assert_bfloat16_run_keeps_float32_state, config_with, small_flags
 
 # Whole runs, train.py or several processes: left out of the quick loop (-m 'not e2e').
 pytestmark = pytest.mark.e2e
@@ -58,18 +57,7 @@ def test_default_config_learns_in_300_steps_and_writes_tensorboard(tmp_path):
 
 
 def test_default_config_learns_in_bfloat16_and_saves_a_float32_state(tmp_path):
-  """config.dtype=bfloat16 computes in bfloat16; the default run still reaches its
-  accuracy, and what it keeps (center, workers, optimizer state) is float32."""
-  # 400 of its 600 steps (a constant rate: the same trajectory): 0.956 measured,
-  # above 0.95 from step 250 on.
-  overrides = {"run.total_steps": 400, "run.log_every": 0, "run.eval_every": 0}
-  config = config_with(overrides | {"run.checkpoint_every": 0}, dtype="bfloat16")
-  result = trainer.train_and_evaluate(config, str(tmp_path))
-  assert result.metrics["eval/center_accuracy"] >= 0.95
-  saved = read_state(tmp_path / "checkpoints" / "400" / "state")
-  kept = [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(result.state))]
-  for leaves in (saved, kept):
-    assert {leaf.dtype.name for leaf in leaves if leaf.dtype.kind in "fV"} == {"float32"}
+  assert_bfloat16_run_keeps_float32_state(tmp_path)
 
 
 def test_async_rule_logs_its_simulated_cluster(tmp_path):

@@ -6,7 +6,10 @@ rewrites as a batch-folded convolution) many times slower than Eigen's
 convolution does (bench/conv_grad.py). Asking for YNNPACK fusions of dot
 products only sends the convolutions back to Eigen. The option is given to
 each program as it is compiled, not through XLA_FLAGS, so that nothing else
-in the process changes; on GPUs and TPUs no option is given.
+in the process changes.
+
+On GPUs and TPUs no option is given (XLA:GPU's determinism is a flag of
+XLA_FLAGS, set by easgd.infra.platform).
 
 A jaxlib that does not know an option rejects it; the program is then
 compiled without it and one line says so.

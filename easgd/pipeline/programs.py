@@ -52,6 +52,7 @@ from easgd import steps
 from easgd.data import augment as augment_lib
 from easgd.infra import sharding
 from easgd.rules import AXIS, Hyper, LossFn, model_state, optimizers
+from easgd.rules.base import map_workers
 
 
 @struct.dataclass
@@ -190,7 +191,7 @@ class Pipeline:
       updates = model_state.stats_step(model_state.with_trainable(params, updates), params, aux)
       return optax.apply_updates(params, updates), opt_state, loss, aux["accuracy"]
 
-    models, opt, loss, accuracy = jax.vmap(one_model)(state.models, state.opt, state.data_key)
+    models, opt, loss, accuracy = map_workers(one_model, state.models, state.opt, state.data_key)
     new_state = state.replace(step=state.step + 1, models=models, opt=opt)
     # Each slot's learning rate in force at this step: eta_m * s(t).
     peak = state.opt.hyperparams["learning_rate"]
@@ -222,16 +223,22 @@ def state_specs(state: PipelineState) -> PipelineState:
   )
 
 
-def init_state(pipeline: Pipeline, init_params, hypers: Sequence, mesh: Mesh) -> PipelineState:
-  """pipeline.init compiled to write the state straight into its sharded layout."""
+def init_program(pipeline: Pipeline, init_params, arrays: Sequence, mesh: Mesh):
+  """pipeline.init jitted to write the state straight into its sharded layout: a
+  program of the [M] arrays `arrays` (seeds and values, which may be abstract)."""
 
   def init(*arrays):
     return pipeline.init(init_params, *arrays)
 
-  arrays = [jnp.asarray(a) for a in hypers]
   abstract = jax.eval_shape(init, *arrays)
   shardings = sharding.named(mesh, state_specs(abstract))
-  return jax.jit(init, out_shardings=shardings)(*arrays)
+  return jax.jit(init, out_shardings=shardings)
+
+
+def init_state(pipeline: Pipeline, init_params, hypers: Sequence, mesh: Mesh) -> PipelineState:
+  """pipeline.init compiled to write the state straight into its sharded layout."""
+  arrays = [jnp.asarray(a) for a in hypers]
+  return init_program(pipeline, init_params, arrays, mesh)(*arrays)
 
 
 def build_step(

@@ -230,6 +230,35 @@ def decayed(hyper: Hyper, grads: Params, at: Params) -> Params:
   return model_state.with_trainable(grads, params)
 
 
+def map_workers(function: Callable, *args):
+  """`function` of each worker's slice of `args` (pytrees with a leading axis of local
+  workers), stacked on that axis again.
+
+  jax.vmap on CPUs and TPUs. On GPUs one call per worker, one after another
+  (`map_unrolled`): vmapped over the workers' own weights, a convolution
+  becomes one grouped convolution (feature_group_count = workers), which cuDNN
+  runs far slower than the workers' convolutions one by one (bench/gpu.py,
+  bench/README.md). The CPU keeps vmap, whose programs (and bits) the replays
+  and NumPy references were measured with.
+  """
+  unrolled = functools.partial(map_unrolled, function)
+  return lax.platform_dependent(*args, cuda=unrolled, rocm=unrolled, default=jax.vmap(function))
+
+
+@jax.named_scope("map_unrolled")  # tests/test_lowering.py finds the GPUs' path by it
+def map_unrolled(function: Callable, *args):
+  """`map_workers` on GPUs: `function` called once per worker, the results stacked.
+
+  A scan unrolled in full: XLA sees the workers' calls one after another, as a
+  Python loop would write them, and `function` is traced once, not once a
+  worker (lax.platform_dependent traces every platform's branch, so the CPU's
+  programs pay for this one's tracing too).
+  """
+  count = jax.tree.leaves(args)[0].shape[0]
+  _, results = lax.scan(lambda carry, row: (carry, function(*row)), None, args, unroll=count)
+  return results
+
+
 def local_update(
   inner: optax.GradientTransformation, workers: Params, inner_state, batch: Batch, loss_fn: LossFn
 ):
@@ -239,7 +268,7 @@ def local_update(
   update of the parameters, with the BatchNorm statistics' part set to
   s'_i - s_i; g_i the raw gradient.
   """
-  (loss, aux), grads = jax.vmap(jax.value_and_grad(loss_fn, has_aux=True))(workers, batch)
+  (loss, aux), grads = map_workers(jax.value_and_grad(loss_fn, has_aux=True), workers, batch)
   updates, inner_state = jax.vmap(inner.update)(
     model_state.trainable(grads), inner_state, model_state.trainable(workers)
   )

@@ -84,6 +84,20 @@ def programs(rule: Rule, loss_fn, batch_size: int, augment):
   return local, master
 
 
+# The in and out specs of `programs`' local step and master operation, each jitted over
+# a mesh of one device: the local step takes its worker's rows, and the run's key whole.
+LOCAL_SPECS = ((P(AXIS),) * 3 + (P(),) + (P(AXIS),) * 4, P(AXIS))
+MASTER_SPECS = ((P(),) * 7, P())
+
+
+def on_device(function, specs, device):
+  """jit(shard_map(function)) over a mesh of `device` alone, with `specs` (LOCAL_SPECS or
+  MASTER_SPECS), nothing donated."""
+  in_specs, out_specs = specs
+  mesh = Mesh(np.array([device]), (AXIS,))
+  return sharding.jit_shard_map(function, mesh, in_specs, out_specs, donate=False)
+
+
 class ThreadsTrainee(RuleReports):
   """The loop's trainee for runtime=threads (see the module docstring)."""
 
@@ -187,12 +201,7 @@ class ThreadsTrainee(RuleReports):
     config = setup.config
     augment = augment_lib.get(config.data.augment)
     local, master = programs(rule, setup.loss_fn, config.data.batch_size, augment)
-    split, whole, platform = P(AXIS), P(), setup.platform
-
-    def lowered(function, device, in_specs, out_specs, *args):
-      mesh = Mesh(np.array([device]), (AXIS,))
-      program = sharding.jit_shard_map(function, mesh, in_specs, out_specs, donate=False)
-      return program.lower(*args)
+    platform = setup.platform
 
     def on(device, value):
       return jax.device_put(np.asarray(value, np.int32), device)
@@ -203,14 +212,13 @@ class ThreadsTrainee(RuleReports):
       workers, opt = rows["workers"][j], rows["worker_opt"][j]
       args = (workers, opt, on(device, [0]), rows["rng_on"][device])
       args += (rows["images"][j], rows["labels"][j], on(device, [j]), workers)
-      specs = (split, split, split, whole, split, split, split, split)
-      pending[device] = lowered(local, device, specs, split, *args)
+      pending[device] = on_device(local, LOCAL_SPECS, device).lower(*args)
     center = self.devices[0]
     fields = {f: rows["worker_opt"][0][f] for f in rule.request_fields()}
     row = {"workers": rows["workers"][0], **fields, "worker_steps": on(self.devices[0], [0])}
     args = (rows["center"], rows["center_opt"], jax.device_put(row, center))
     args += (rows["rng_on"][center], on(center, 0), on(center, 0), on(center, 0))
-    master_op = compile_program(lowered(master, center, (whole,) * 7, whole, *args), platform)
+    master_op = compile_program(on_device(master, MASTER_SPECS, center).lower(*args), platform)
     return {device: compile_program(program, platform) for device, program in pending.items()}, (
       master_op
     )
