@@ -1,0 +1,73 @@
+"""Whether two runs of one config end with the same bits, with and without XLA:GPU's
+deterministic ops.
+
+    python bench/gpu_determinism.py [--steps 40] [--workers 4]
+
+Runs `python train.py` with the default config (LeNet-5 on mnist5k, sync_easgd)
+twice with the deterministic ops train.py sets on a GPU
+(easgd/infra/platform.py), and twice with them turned off
+(XLA_FLAGS=--xla_gpu_deterministic_ops=false, which train.py keeps), then
+compares the final checkpoints leaf by leaf. On a CPU both pairs are equal
+(XLA:CPU is deterministic; the flag is XLA:GPU's). On a GPU, the pair without
+the flag shows what a user would lose: bench/README.md, "On one GPU".
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from easgd.arguments import ArgumentParser, integer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train(workdir: str, steps: int, workers: int, deterministic: bool) -> None:
+  env = dict(os.environ)
+  if not deterministic:
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_gpu_deterministic_ops=false".strip()
+  flags = [
+    f"--config.run.total_steps={steps}",
+    f"--config.run.checkpoint_every={steps}",
+    f"--config.run.eval_every={steps}",
+    f"--config.run.log_every={steps}",
+    f"--config.workers={workers}",
+  ]
+  command = [sys.executable, "train.py", "--config", "configs/default.py", f"--workdir={workdir}"]
+  subprocess.run([*command, *flags], cwd=REPO, env=env, check=True, capture_output=True)
+
+
+def leaves(workdir: str, steps: int) -> list[np.ndarray]:
+  import jax  # noqa: PLC0415 (after the runs: this process needs no devices before)
+  import orbax.checkpoint as ocp  # noqa: PLC0415
+
+  path = os.path.join(workdir, "checkpoints", str(steps), "state")
+  checkpointer = ocp.PyTreeCheckpointer()
+  tree = checkpointer.metadata(path).item_metadata.tree
+  restore = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  return jax.tree.leaves(checkpointer.restore(path, restore_args=restore))
+
+
+def main():
+  parser = ArgumentParser(prog="bench/gpu_determinism.py", description=__doc__.splitlines()[0])
+  parser.add_argument("--steps", type=integer(1), default=40)
+  parser.add_argument("--workers", type=integer(1), default=4)
+  args = parser.parse_args()
+  print(f"{'deterministic ops':<18} {'leaves differing':>17} {'largest difference':>19}")
+  with tempfile.TemporaryDirectory() as root:
+    for deterministic in (True, False):
+      runs = [os.path.join(root, f"{deterministic}_{n}") for n in range(2)]
+      for workdir in runs:
+        train(workdir, args.steps, args.workers, deterministic)
+      a, b = (leaves(workdir, args.steps) for workdir in runs)
+      differing = sum(x.tobytes() != y.tobytes() for x, y in zip(a, b, strict=True))
+      largest = max(
+        float(np.max(np.abs(x.astype(np.float64) - y))) for x, y in zip(a, b, strict=True)
+      )
+      print(f"{str(deterministic):<18} {f'{differing} of {len(a)}':>17} {largest:>19.3g}")
+
+
+if __name__ == "__main__":
+  main()
