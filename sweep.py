@@ -18,10 +18,11 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from easgd import arguments, cli, sweep, validation
+from easgd import arguments, cli, sweep
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint
 from easgd.pipeline import programs
+from easgd.train import trainer
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
@@ -79,8 +80,11 @@ def pipeline_plan(points, config) -> tuple[list[str], object]:
     for field in fields
   }
   models = {"algorithm": "pipeline", "pipeline.models": len(points)}
-  pipelined = sweep.apply(config, models | per_model)
-  validation.validate(pipelined)
+  try:
+    pipelined = sweep.apply(config, models | per_model)
+  except (TypeError, ValueError) as error:
+    raise ConfigError(f"--pipeline: {error}") from None
+  trainer.check(pipelined)
   pipeline_flags = [f"--config.{field}={value}" for field, value in (models | per_model).items()]
   return pipeline_flags, pipelined
 
@@ -97,19 +101,33 @@ def run_pipeline(points, plan, user_flags, workdir) -> list[dict]:
   ]
 
 
+def user_overrides(argv: list[str]) -> list[str]:
+  """The command line's --config.FIELD overrides, each as --config.FIELD=VALUE (also
+  when given as --config.FIELD VALUE), for every point's train.py."""
+  overrides = []
+  for index, arg in enumerate(argv):
+    if not arg.startswith("--config."):
+      continue
+    following = argv[index + 1] if index + 1 < len(argv) else "--"
+    spaced = "=" not in arg and not following.startswith("--")
+    overrides.append(f"{arg}={following}" if spaced else arg)
+  return overrides
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)  # the runs log; the sweep says only where it is
   config = cli.config_value(_CONFIG)
-  cli.check_workdir(_WORKDIR.value)
+  cli.check_workdir(_WORKDIR.value, inputs={"config.run.data_dir": config.run.data_dir})
   for name, made_by in sweep.SUMMARY_FILES.items():
     arguments.check_overwritable(os.path.join(_WORKDIR.value, name), made_by, at_start=True)
-  user_flags = [arg for arg in sys.argv[1:] if arg.startswith("--config.")]
+  user_flags = user_overrides(sys.argv[1:])
   fixed = {arg.removeprefix("--config.").partition("=")[0] for arg in user_flags}
   try:
-    points = sweep.load_sweep(config_flags.get_config_filename(flags.FLAGS["config"]))
-    sweep.check_points(points, config, fixed, each_valid=not _PIPELINE.value)
+    source = config_flags.get_config_filename(flags.FLAGS["config"])
+    points = sweep.load_sweep(source)
+    sweep.check_points(points, config, fixed, each_valid=not _PIPELINE.value, source=source)
     plan = pipeline_plan(points, config) if _PIPELINE.value else None
     os.makedirs(_WORKDIR.value, exist_ok=True)
     if plan:
@@ -123,4 +141,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main)

@@ -16,13 +16,22 @@ import sys
 
 from absl import app, flags, logging
 
-from easgd import cli, schema, trainer, validation
+from easgd import cli
+from easgd.config import schema
 from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged, WorkerFailed
+from easgd.infra import compile as compile_lib
 from easgd.infra import distributed, platform, sharding, watchdog
+from easgd.train import trainer
 
 _CONFIG = cli.define_config(cli.packaged_config("default.py"))
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Where events and checkpoints go (default: runs/<config.algorithm>)."
+)
+_COMPILATION_CACHE = flags.DEFINE_string(
+  "compilation_cache",
+  None,
+  "Where compiled programs are kept between runs ('' for nowhere; default: "
+  "$JAX_COMPILATION_CACHE_DIR if set, else ~/.cache/easgd/jax).",
 )
 
 
@@ -34,19 +43,24 @@ def _quiet_orbax(record) -> bool:
 def main(argv):
   logging.get_absl_logger().addFilter(_quiet_orbax)
   logging.get_absl_handler().python_handler.addFilter(_quiet_orbax)
+  platform.quiet_absent_backends()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   config = cli.config_value(_CONFIG)
   # One run per algorithm unless told: trying another rule does not meet the
   # last one's checkpoint.
   workdir = _WORKDIR.value if _WORKDIR.value is not None else f"runs/{config.algorithm}"
-  cli.check_workdir(workdir)
+  cli.check_workdir(workdir, inputs={"config.run.data_dir": config.run.data_dir})
+  if _COMPILATION_CACHE.value:
+    cli.check_workdir(_COMPILATION_CACHE.value, "--compilation_cache")
   problem = watchdog.check_timeout(watchdog.configured_timeout())
   if problem:
     cli.fail(problem)
   try:
-    validation.validate(config)
+    runtime = trainer.check(config)
     processes = distributed.requested_processes()
+    if processes > 1:  # process 0 serves the coordinator: its port must be free
+      cli.check_coordinator(flags.FLAGS.coordinator_address, flags.FLAGS.process_id)
     # The backend's own settings (easgd.infra.platform) are made before JAX
     # starts its backends, and only for the backend that runs. Each process
     # gets an equal share of the run's devices.
@@ -63,7 +77,8 @@ def main(argv):
     distributed.initialize(processes)
     if backend == "cpu":  # accelerators are devices of their own
       sharding.configure_cpu_devices(devices // processes)
-    result = trainer.train_and_evaluate(config, workdir)
+    compile_lib.use_persistent_cache(_COMPILATION_CACHE.value)
+    result = trainer.train_and_evaluate(config, workdir, runtime)
   except ConfigError as error:
     cli.fail(str(error))
   except CheckpointUnreadable as error:
@@ -84,4 +99,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run(main)

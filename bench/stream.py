@@ -13,13 +13,13 @@ third row reads and places the streamed batches alone (no training step).
 It prints the medians and the ratio to the placed run.
 """
 
+import argparse
 import os
 import statistics
 import tempfile
 import time
 
 import jax
-import peers  # bench/peers.py, beside this file (imports no JAX)
 
 from easgd import arguments
 
@@ -27,6 +27,16 @@ ROWS = ("device", "stream", "input alone")
 SHAPES = {"lenet5": (28, 28, 1), "resnet20": (32, 32, 3)}
 # Steps a round: a few seconds of each.
 STEPS = {"lenet5": 40, "resnet20": 4}
+
+
+def _model_names(text: str) -> list[str]:
+  """--models: networks of SHAPES, comma-separated."""
+  names = text.split(",") if text else []
+  unknown = [name for name in names if name not in SHAPES]
+  if not names or unknown:
+    given = ",".join(unknown) + " is not a network here" if unknown else "is empty"
+    raise argparse.ArgumentTypeError(f"{given}; choose from {','.join(SHAPES)}")
+  return names
 
 
 def _records(folder: str, shape, count: int) -> None:
@@ -43,10 +53,9 @@ def _records(folder: str, shape, count: int) -> None:
 
 
 def _trainee(name, folder, source, args, workdir):
-  from easgd import loop, steps, trainer  # noqa: PLC0415
   from easgd.configs import default  # noqa: PLC0415
-  from easgd.rules import Hyper, make_rule  # noqa: PLC0415
-  from easgd.sim import timing  # noqa: PLC0415
+  from easgd.train import setup as setup_lib  # noqa: PLC0415
+  from easgd.train import trainer  # noqa: PLC0415
 
   config = default.get_config()
   config.update_from_flattened_dict(
@@ -61,19 +70,16 @@ def _trainee(name, folder, source, args, workdir):
       "run.total_steps": 10**6,
     }
   )
-  setup = loop.setup(config, workdir)
-  params = jax.jit(setup.init_params)(jax.random.PRNGKey(0))
-  rule = make_rule(config.algorithm, Hyper.from_config(config))
-  state = steps.init_state(rule, params, jax.random.PRNGKey(1), setup.mesh)
-  clock = rule.make_clock(timing.Cluster.from_config(config.cluster), 1.0, config.seed)
-  return trainer.RuleTrainee(setup, rule, state, clock)
+  runtime_class = trainer.check(config)
+  runtime = runtime_class(setup_lib.setup(config, workdir, runtime_class))
+  return runtime.trainee(runtime.init_state(), None, None)
 
 
 def _time_steps(trainee, count: int) -> float:
   start = time.perf_counter()
   for done in range(1, count + 1):
     trainee.step()
-    if done % 8 == 0:  # a bounded queue of programs with collectives (easgd.loop)
+    if done % 8 == 0:  # a bounded queue of programs with collectives (easgd.train.loop)
       jax.block_until_ready(trainee.state)
   jax.block_until_ready(trainee.state)
   return time.perf_counter() - start
@@ -93,7 +99,7 @@ def _time_input(trainee, count: int) -> float:
 
 def main():
   parser = arguments.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--models", default="lenet5,resnet20", type=peers.model_names)
+  parser.add_argument("--models", default="lenet5,resnet20", type=_model_names)
   parser.add_argument("--workers", type=arguments.integer(1), default=2)
   parser.add_argument("--batch_size", type=arguments.integer(1), default=128)
   parser.add_argument("--rounds", type=arguments.integer(1), default=5)

@@ -29,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from easgd import loop, models, rules, steps  # noqa: E402
+from easgd import models, rules, steps  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.data import datasets  # noqa: E402
 from easgd.infra import sharding  # noqa: E402
@@ -37,6 +37,7 @@ from easgd.infra.compile import compile_program  # noqa: E402
 from easgd.rules import AXIS  # noqa: E402
 from easgd.sim import ticks, timing  # noqa: E402
 from easgd.sim.clocks import Policy  # noqa: E402
+from easgd.train import loop  # noqa: E402
 
 TAU = 4
 

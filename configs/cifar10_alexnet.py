@@ -3,7 +3,7 @@ on CIFAR-10 with crop-and-flip augmentation.
 
 Target: at least 75% center test accuracy by the last step (no BatchNorm,
 so a smaller learning rate). Needs the prepared TFDS dataset:
---config.run.data_dir=DIR (README, "Datasets"). docs/cifar.md has what was run.
+--config.run.data_dir=DIR (docs/data.md, "Preparing CIFAR-10"). docs/cifar.md has what was run.
 """
 
 from easgd.configs import cifar10_resnet20

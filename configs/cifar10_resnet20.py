@@ -12,7 +12,7 @@ number. Elastic averaging every 4 steps with beta = 0.9.
 
 Target: about 91% center test accuracy (the paper's 91.25%); not measured
 here (no CIFAR-10 on this machine; docs/cifar.md). Needs the prepared TFDS
-dataset: --config.run.data_dir=DIR (README, "Preparing CIFAR-10").
+dataset: --config.run.data_dir=DIR (docs/data.md, "Preparing CIFAR-10").
 configs/cifar10_resnet20_diloco.py is the DiLoCo counterpart.
 """
 

@@ -11,7 +11,7 @@ rate, so it is larger than SGD's L2 1e-4). H = 50: 320 exchanges in the run,
 
 Target: within a point or two of the Sync EASGD recipe's 91% at 12.5x less
 communication; not measured here (no CIFAR-10 on this machine;
-docs/cifar.md). Needs --config.run.data_dir=DIR (README, "Preparing CIFAR-10").
+docs/cifar.md). Needs --config.run.data_dir=DIR (docs/data.md, "Preparing CIFAR-10").
 """
 
 from easgd.configs import cifar10_resnet20

@@ -1,7 +1,7 @@
 """Sync EASGD, 4 workers, VGG-11 (BatchNorm) on CIFAR-10 with crop-and-flip augmentation.
 
 Target: at least 85% center test accuracy by the last step. Needs the
-prepared TFDS dataset: --config.run.data_dir=DIR (README, "Datasets").
+prepared TFDS dataset: --config.run.data_dir=DIR (docs/data.md, "Preparing CIFAR-10").
 docs/cifar.md has what was run.
 """
 

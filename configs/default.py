@@ -1,8 +1,8 @@
 """Sync EASGD, 8 workers, LeNet-5 on the 5,000 embedded MNIST digits.
 
 Reaches about 96% center test accuracy in under a minute on a 2-core CPU.
-Fields are grouped the way the code is (README, "Configuring runs", lists
-every field); override any with --config.GROUP.FIELD=VALUE.
+Fields are grouped the way the code is (docs/configuration.md lists every
+field); override any with --config.GROUP.FIELD=VALUE.
 """
 
 import ml_collections
@@ -19,19 +19,19 @@ def get_config() -> ml_collections.ConfigDict:
   # Sums over workers added in worker order after an all-gather, instead of an
   # all-reduce in the layout's order, and XLA:CPU's thread pool sized by the run:
   # the same bits on every process layout with the same workers a device
-  # (README, "Layouts and bits"; bench/deterministic_sums.py measures the cost).
+  # (docs/distributed.md, "Layouts and bits"; bench/deterministic_sums.py measures the cost).
   config.deterministic_sums = False
   # What the models compute in: "float32", or "bfloat16" for activations, matrix
   # products and convolutions (for accelerators; slower on a CPU). Parameters, the
   # center, optimizer state, BatchNorm statistics, the loss and the exchanges'
-  # sums stay float32 (README, "Speed").
+  # sums stay float32 (docs/running.md, "Computing in bfloat16").
   config.dtype = "float32"
-  # How the parameter-server rules' workers run (easgd/runtime/): "simulated"
+  # How the rules run (easgd/train/runtimes/): "simulated"
   # steps them all in each tick of the timing model's schedule (cluster.*);
   # "threads" runs each worker in its own host thread without waiting for the
   # others, serves the center under the rule's discipline, and writes every
   # master operation to WORKDIR/trace.jsonl, which cluster.replay replays
-  # (README, "Real asynchrony").
+  # (docs/asynchrony.md, "Real asynchrony").
   config.runtime = "simulated"
 
   # The data and each worker's batches.
@@ -154,7 +154,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.run.devices = 0
   config.run.data_dir = ""  # TFDS data_dir ("" for TFDS's default), or a records folder
   # "START:STEPS": a jax.profiler trace of steps START+1 .. START+STEPS into
-  # WORKDIR/profile, for TensorBoard's Profile tab (pip install xprof; README,
+  # WORKDIR/profile, for TensorBoard's Profile tab (pip install xprof; docs/running.md,
   # "Profiling a window of steps"); only those steps pay for it. "": off.
   config.run.profile = ""
   return config

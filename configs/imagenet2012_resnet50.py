@@ -20,7 +20,7 @@ machines (no ImageNet, no accelerator); `python -m easgd.plan --config
 configs/imagenet2012_resnet50.py` sizes it for the device below.
 
 Preparing the data, on a machine with internet access (TensorFlow is needed
-there, not here; README, "Preparing CIFAR-10, CIFAR-100 and Fashion-MNIST"):
+there, not here; docs/data.md, "ImageNet-class data"):
 
   pip install tensorflow-cpu tensorflow-datasets==4.9.10
   # ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar, downloaded by hand

@@ -17,7 +17,7 @@ is given; `python -m easgd.plan --config configs/imagenette_resnet50.py`
 sizes it for the device set below.
 
 Preparing the data, on a machine with internet access (TensorFlow is needed
-there, not here; README, "Preparing CIFAR-10, CIFAR-100 and Fashion-MNIST"):
+there, not here; docs/data.md, "ImageNet-class data"):
 
   pip install tensorflow-cpu tensorflow-datasets==4.9.10
   tfds build imagenette/160px-v2 --file_format=array_record --data_dir=DIR

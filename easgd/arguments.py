@@ -5,27 +5,61 @@ A bad argument ends in `error: ...` on stderr and exit status 2.
 """
 
 import argparse
+import errno
 import math
 import os
+import socket
 import sys
 
 
 def fail(message: str, code: int = 2):
-  """Prints `error: message` and exits with `code`."""
-  print(f"error: {message}", file=sys.stderr)
+  """Prints `error: message` (one line, whatever `message` holds) and exits with `code`."""
+  lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+  print(f"error: {'; '.join(lines)}", file=sys.stderr)
   sys.exit(code)
 
 
-def check_workdir(path: str, flag: str = "--workdir") -> None:
+def _within(path: str, folder: str) -> bool:
+  """Whether the real path `path` is the real path `folder` or lies inside it."""
+  return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_workdir(
+  path: str, flag: str = "--workdir", *, inputs: dict | None = None, shared: bool = False
+) -> None:
   """One line and exit 2 unless `path` is a directory this process can create or write.
 
   Checked before anything is compiled or written: an empty path, a path that
   is a file or lies under one, and one in a directory this process may not
-  write to are refused.
+  write to are refused; so are the current folder and its parents (an output
+  folder of its own is wanted: runs, checkpoints, tables and staging folders
+  are made in it and next to it), unless `shared`: the folder of an output
+  file, where the file is the output; and a path that is, lies inside or
+  holds one of `inputs` ({"--flag": path} the program reads; empty ones are
+  skipped).
   """
   if not path:
-    fail(f"{flag} is empty: give a directory (a new one, or one to resume or extend)")
+    fail(f"{flag} is empty: give the path of a directory")
   absolute = os.path.abspath(path)
+  real = os.path.realpath(absolute)
+  if not shared:
+    try:
+      here = os.path.realpath(os.getcwd())
+    except OSError:  # the current folder was removed: nothing to protect
+      here = None
+    if here is not None and _within(here, real):
+      where = "the current folder" if here == real else "a parent of the current folder"
+      fail(f"{flag}={path!r} is {where}: give a folder of its own (e.g. runs/NAME)")
+  for name, source in (inputs or {}).items():
+    if not source:
+      continue
+    read = os.path.realpath(os.path.expanduser(source))
+    if read == real:
+      fail(f"{flag}={path!r} is {name}={source!r}, which is read: give another folder")
+    if _within(real, read):
+      fail(f"{flag}={path!r} lies inside {name}={source!r}, which is read: give another folder")
+    if _within(read, real):
+      fail(f"{flag}={path!r} is a parent of {name}={source!r}, which is read: give another folder")
   if os.path.exists(absolute) and not os.path.isdir(absolute):
     fail(f"{flag}={path!r} is not a directory")
   existing = absolute
@@ -39,8 +73,76 @@ def check_workdir(path: str, flag: str = "--workdir") -> None:
     fail(f"{flag}={path!r} cannot be written: {shown!r} is not writable by this user")
 
 
+def _bind(family: int, host: str, port: int, reuse: bool) -> None:
+  with socket.socket(family, socket.SOCK_STREAM) as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(reuse))
+    probe.bind((host, port))
+
+
+def port_problem(port: int) -> str | None:
+  """Why a server could not listen on TCP `port` of this machine now (None: it can).
+
+  The port is bound as jax.distributed's coordinator binds it, on every
+  interface, first without SO_REUSEADDR: a port that another program listens
+  on or holds is found. Where only that fails, the port is bound again with
+  SO_REUSEADDR, as the coordinator's own socket is: connections of an earlier
+  run still closing (TIME_WAIT) do not keep the coordinator from listening.
+  """
+  for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+    try:
+      _bind(family, host, port, reuse=False)
+    except OSError as error:
+      if family == socket.AF_INET6 and error.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+        continue  # no IPv6 on this machine
+      if error.errno != errno.EADDRINUSE:
+        return error.strerror or str(error)
+      try:
+        _bind(family, host, port, reuse=True)
+      except OSError as again:
+        return again.strerror or str(again)
+  return None
+
+
+def _once(base: type) -> type:
+  """`base` (a store action) refusing a second value for its argument: argparse
+  keeps the last silently, and `--out a --out b` is a slip, not a choice."""
+
+  class Once(base):
+    def __call__(self, parser, namespace, values, option_string=None):
+      given = getattr(parser, "_given", None)
+      if given is not None and self.option_strings:
+        shown = "" if self.nargs == 0 else repr(values)  # a switch has no value
+        if self.dest in given:
+          both = f" ({given[self.dest]} and {shown})" if shown else ""
+          parser.error(f"{option_string} is given twice{both}: give it once")
+        given[self.dest] = shown
+      super().__call__(parser, namespace, values, option_string)
+
+  Once.__name__ = Once.__qualname__ = f"Once{base.__name__}"
+  return Once
+
+
 class ArgumentParser(argparse.ArgumentParser):
-  """argparse, with a bad argument answered in one line (`error: ...`, exit 2), no usage text."""
+  """argparse, with a bad argument answered in one line (`error: ...`, exit 2), no usage
+  text; an option given twice is refused too (append actions such as --set excepted)."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    # argparse's own store actions, each refusing a second value. The registry is
+    # shared with argument groups, mutually exclusive ones too.
+    store = _once(argparse._StoreAction)
+    self.register("action", None, store)
+    self.register("action", "store", store)
+    self.register("action", "store_const", _once(argparse._StoreConstAction))
+    self.register("action", "store_true", _once(argparse._StoreTrueAction))
+    self.register("action", "store_false", _once(argparse._StoreFalseAction))
+
+  def parse_known_args(self, args=None, namespace=None):
+    self._given = {}
+    try:
+      return super().parse_known_args(args, namespace)
+    finally:
+      self._given = None
 
   def error(self, message: str):
     fail(f"{self.prog}: {message} (--help lists the arguments)")
@@ -82,10 +184,23 @@ def number(low: float, inclusive: bool = True):
 
 
 def directory(flag: str):
-  """An argparse type: a directory that can be created or written (see check_workdir)."""
+  """An argparse type: an output directory that can be created or written (see
+  check_workdir)."""
 
   def parse(text: str) -> str:
     check_workdir(text, flag)
+    return text
+
+  parse.__name__ = "directory"
+  return parse
+
+
+def existing_directory(flag: str):
+  """An argparse type: a directory that exists (one the program reads)."""
+
+  def parse(text: str) -> str:
+    if not text or not os.path.isdir(text):
+      fail(f"{flag}={text!r} is not a directory: give an existing folder to read")
     return text
 
   parse.__name__ = "directory"
@@ -98,7 +213,7 @@ def output_file(flag: str):
   def parse(text: str) -> str:
     if not text or os.path.isdir(text):
       fail(f"{flag}={text!r} is invalid: give the path of the file to write")
-    check_workdir(os.path.dirname(os.path.abspath(text)), flag)
+    check_workdir(os.path.dirname(os.path.abspath(text)), flag, shared=True)
     return text
 
   parse.__name__ = "file"

@@ -1,25 +1,34 @@
 """What the command-line programs share: the --config flag and one-line errors.
 
-Bad input ends in one line on stderr and exit status 2.
+Bad input ends in one line on stderr and exit status 2, absl's usage text
+never: every absl program starts with `run(main)`, whose flag parsing
+(`parse_flags`) refuses wrong usage in one line before main runs (a config
+given positionally or twice, a flag without its value, an unknown flag or
+config field, a required flag left out), and a UsageError from main is
+answered in one line too.
 """
 
 import importlib.util
 import os
+import re
+import socket
 import sys
 
-from absl import flags
+from absl import app, flags
 from ml_collections import config_flags
 
-from easgd import schema
-from easgd.arguments import check_workdir, fail
+from easgd.arguments import check_workdir, fail, port_problem
+from easgd.config import schema
 
 __all__ = [
+  "check_coordinator",
   "check_workdir",
   "config_value",
   "define_config",
   "fail",
   "packaged_config",
   "parse_flags",
+  "run",
 ]
 
 
@@ -70,7 +79,8 @@ def _check_config_file(path: str) -> None:
   try:
     spec.loader.exec_module(module)
   except Exception as error:  # noqa: BLE001 (any failure of the user's file)
-    fail(f"--config {path!r} does not load: {type(error).__name__}: {str(error).splitlines()[0]}")
+    first = (str(error).splitlines() or [""])[0]
+    fail(f"--config {path!r} does not load: {type(error).__name__}: {first}")
   if not callable(getattr(module, "get_config", None)):
     fail(f"--config {path!r} defines no get_config(): a config file returns its config from it")
 
@@ -84,15 +94,160 @@ def define_config(default: str | None, help_text: str = "Config file."):
     _config_field_error(error)
 
 
+_NO_FIELD = object()
+
+
+def _takes_value(name: str, flag_values: flags.FlagValues) -> bool | None:
+  """Whether the flag written `--name` reads the next argument as its value (None:
+  absl knows no such flag). A config field's flag exists once --config is parsed:
+  its type is the default config's."""
+  if name in flag_values:
+    return not flag_values[name].boolean
+  if name.startswith(("config.", "noconfig.")):
+    fields = schema.flatten(schema.default_config().to_dict())
+    value = fields.get(name.partition(".")[2], _NO_FIELD)
+    if value is _NO_FIELD:
+      return None  # an unknown field: named by _config_field_error
+    return not isinstance(value, bool) and not name.startswith("no")
+  if name.startswith("no") and name[2:] in flag_values and flag_values[name[2:]].boolean:
+    return False
+  return None
+
+
+def _unexpected(arguments: list[str], configs: list[str], flag_values) -> str:
+  """The line for arguments that are not flags (absl's usage text said it in 13-22)."""
+  shown = ", ".join(repr(argument) for argument in arguments)
+  line = f"unexpected argument{'s' if len(arguments) > 1 else ''} {shown}"
+  config = next((a for a in arguments if a.partition(":")[0].endswith(".py")), None)
+  if config is not None and "config" in flag_values:
+    if configs:
+      return f"{line}: the config is --config {configs[0]}; give one config file"
+    return f"{line}: give the config as --config {config}"
+  program = os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "this program")
+  return f"{line}: {program} takes flags only (--helpshort lists them)"
+
+
+def _check_usage(argv: list[str], flag_values: flags.FlagValues) -> str | None:
+  """One line and exit 2 for what absl would answer with its usage text or take
+  silently: a flag without its value (absl takes the next flag for it), a config
+  file given twice (ml_collections reads the first's fields, absl keeps the last),
+  an argument that is not a flag. A flag absl does not know is left to absl, whose
+  line names it and the nearest known one. Returns the --config path, if given.
+
+  Other flags may repeat, the last one counting, as absl has it: callers add
+  overrides after a command's own (--config.FIELD=VALUE, --workdir).
+  """
+  configs, positional, unknown = [], [], False
+  index = 1
+  while index < len(argv):
+    token = argv[index]
+    index += 1
+    if token == "--":  # absl: the rest are arguments, not flags
+      positional += argv[index:]
+      break
+    if not token.startswith("-") or token == "-":
+      positional.append(token)
+      continue
+    name, equals, value = token.lstrip("-").partition("=")
+    takes_value = _takes_value(name, flag_values)
+    if takes_value is None:
+      unknown = True
+      continue
+    if takes_value and not equals:
+      if index == len(argv) or argv[index].startswith("--"):
+        example = "FILE" if name == "config" else "VALUE"
+        fail(f"--{name} has no value: give --{name}={example}")
+      value = argv[index]
+      index += 1
+    if name == "config":
+      configs.append(value)
+  if unknown:
+    return None  # absl's own line names the unknown flag
+  if len(configs) > 1:
+    given = ", ".join(repr(config) for config in configs)
+    times = "twice" if len(configs) == 2 else f"{len(configs)} times"
+    fail(
+      f"--config is given {times} ({given}): give one config file, "
+      "and change its fields with --config.FIELD=VALUE"
+    )
+  if positional:
+    fail(_unexpected(positional, configs, flag_values))
+  return configs[0] if configs else None
+
+
+def _required_error(error: flags.Error) -> str | None:
+  """absl's lines for required flags left out, as one."""
+  missing = re.findall(r"Flag --(\S+) must have a value other than None", str(error))
+  if not missing:
+    return None
+  names = " and ".join(f"--{name}" for name in missing)
+  verb = "is" if len(missing) == 1 else "are"
+  wanted = " and ".join(
+    f"--{name} {'FILE' if name == 'config' else 'VALUE'} ({flags.FLAGS[name].help.rstrip('.')})"
+    for name in missing
+  )
+  return f"{names} {verb} required: give {wanted}"
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing, with a bad config file, flag or config field reported in one
-  line (exit 2)."""
-  path = _config_path(argv[1:])
+  """absl flag parsing, with wrong usage, a bad config file, flag or config field
+  reported in one line (exit 2)."""
+  path = _check_usage(argv, flags.FLAGS)
+  if path is None:
+    path = _config_path(argv[1:])
   if path is not None:
     _check_config_file(path)
   try:
-    return flags.FLAGS(argv)
+    remaining = flags.FLAGS(argv)
   except (AttributeError, KeyError) as error:
     _config_field_error(error)
+  except flags.IllegalFlagValueError as error:
+    fail(_required_error(error) or str(error))
   except (flags.Error, ValueError, TypeError) as error:
     fail(str(error))
+  if len(remaining) > 1:  # e.g. from a --flagfile
+    fail(_unexpected(remaining[1:], [path] if path else [], flags.FLAGS))
+  return remaining
+
+
+def run(main) -> None:
+  """absl's app.run(main) for a program with the --config flag: flags parsed by
+  parse_flags, and a UsageError that main raises answered in one line (exit 2)
+  instead of absl's usage text."""
+
+  def main_in_one_line(argv):
+    try:
+      return main(argv)
+    except app.UsageError as error:
+      fail(str(error))
+
+  app.run(main_in_one_line, flags_parser=parse_flags)
+
+
+def _this_machine(host: str) -> bool:
+  """Whether `host` names this machine (by its loopback or own name; no DNS)."""
+  if host in ("", "localhost", "0.0.0.0", "::", "::1") or host.startswith("127."):
+    return True
+  try:
+    return host in (socket.gethostname(), socket.getfqdn())
+  except OSError:
+    return False
+
+
+def check_coordinator(address: str, process_id: int) -> None:
+  """One line and exit 2 when process 0 is to serve a run's coordinator at `address`
+  (--coordinator_address, host:PORT) on a port of this machine that it cannot
+  listen on: jax.distributed.initialize crashes on a port in use (a segfault
+  after its timeout). Other hosts and processes are not checked."""
+  if not address or process_id != 0:
+    return
+  host, _, port = address.rpartition(":")
+  if not port.isdigit() or not 1 <= int(port) <= 65535:
+    fail(f"--coordinator_address={address!r} is invalid: give host:PORT, a port in [1, 65535]")
+  if _this_machine(host.strip("[]")):
+    problem = port_problem(int(port))
+    if problem:
+      fail(
+        f"--coordinator_address={address!r}: port {port} cannot be served on this machine "
+        f"({problem.lower()}); pick another port"
+      )

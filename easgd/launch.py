@@ -28,6 +28,8 @@ import time
 from easgd import arguments
 
 _POLL_SECONDS = 0.1
+# The flags the launcher gives each process itself.
+_OWN_FLAGS = ("--coordinator_address", "--num_processes", "--process_id")
 
 
 def free_port() -> int:
@@ -140,7 +142,34 @@ def main(argv: list[str] | None = None) -> int:
     arguments.fail("no command given: python -m easgd.launch --processes N -- train.py")
   if not os.path.isfile(command[0]):
     arguments.fail(f"{command[0]!r} is not a file: the command is a Python script")
+  if _is_config_file(command[0]):
+    arguments.fail(
+      f"{command[0]!r} is a config file, not a program: python -m easgd.launch "
+      f"--processes {args.processes} -- train.py --config {command[0]}"
+    )
+  for flag in _OWN_FLAGS:
+    if any(arg == flag or arg.startswith(f"{flag}=") for arg in command[1:]):
+      arguments.fail(f"the command sets {flag}: the launcher sets it for each process")
+  # Process 0 serves the coordinator on the port; one in use crashes it (a
+  # segfault in jax.distributed.initialize after its timeout): refused now,
+  # before any process starts.
+  problem = args.port and arguments.port_problem(args.port)
+  if problem:
+    arguments.fail(
+      f"--port {args.port} cannot take the coordinator: {problem.lower()} on this machine; "
+      "pick another port, or 0 for a free one"
+    )
   return launch(args.processes, command, args.port, args.grace)
+
+
+def _is_config_file(path: str) -> bool:
+  """Whether `path` is a config file (a get_config() and no main), not a program."""
+  try:
+    with open(path, encoding="utf-8", errors="replace") as script:
+      text = script.read(1_000_000)
+  except OSError:
+    return False
+  return "def get_config(" in text and "__main__" not in text
 
 
 if __name__ == "__main__":

@@ -35,13 +35,15 @@ from absl import app
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from easgd import cli, models, schema, steps, validation
+from easgd import cli, models, steps
+from easgd.config import schema, validation
 from easgd.data import datasets, stream
 from easgd.errors import ConfigError
 from easgd.infra import platform, sharding
 from easgd.infra.compile import compile_program
 from easgd.rules import AXIS, RULES, Hyper, exchange, make_rule, model_state
 from easgd.sim import sizing, ticks, timing
+from easgd.train import trainer
 
 # Worker counts of the scaling table in the report.
 TABLE_WORKERS = (1, 2, 4, 8, 16, 32, 64)
@@ -307,8 +309,8 @@ class Plan:
 
 def check_plannable(config: ml_collections.ConfigDict) -> None:
   """What the planner needs beyond a valid config; raises ConfigError."""
-  validation.validate(config)
-  if config.algorithm == schema.PIPELINE:
+  trainer.check(config)
+  if config.algorithm not in RULES:
     raise ConfigError(
       "config.algorithm='pipeline' is not planned: the planner sizes the update rules "
       f"({', '.join(sorted(RULES))})"
@@ -395,4 +397,4 @@ def main(argv, config_flag):
 if __name__ == "__main__":
   # The flag is defined here, not on import, so that tests can import this module.
   config_flag = cli.define_config(cli.packaged_config("default.py"))
-  app.run(functools.partial(main, config_flag=config_flag), flags_parser=cli.parse_flags)
+  cli.run(functools.partial(main, config_flag=config_flag))

@@ -19,8 +19,9 @@ import os
 import ml_collections
 from tensorboard.backend.event_processing import event_accumulator
 
-from easgd import schema, validation
+from easgd.config import schema
 from easgd.errors import ConfigError
+from easgd.train import trainer
 
 # The final scalars of a run that the summary shows, when the run has them.
 SUMMARY_TAGS = (
@@ -47,42 +48,117 @@ def product(axes: dict | None = None, **more) -> list[dict]:
   return [dict(zip(fields, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
+# What get_sweep() may return, said in every refusal of what it returned.
+ALLOWED = (
+  "get_sweep() must return a non-empty list of dicts of config fields, "
+  'e.g. [{"optimizer.learning_rate": 0.05}, {"optimizer.learning_rate": 0.1}]'
+)
+# The longest folder name most file systems take, in bytes: each point's run folder.
+_NAME_BYTES = 255
+
+
+def _kind(value) -> str:
+  return "None" if value is None else f"a {type(value).__name__} ({_short(value)})"
+
+
+def _short(value, limit: int = 60) -> str:
+  text = repr(value)
+  return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def load_sweep(config_path: str) -> list[dict]:
-  """The points of `get_sweep()` in the config file; raises ConfigError."""
+  """The points of `get_sweep()` in the config file: a non-empty list (or tuple) of
+  non-empty dicts from config field names (strings) to values. Anything else,
+  and a file that does not load or whose get_sweep() fails, raises ConfigError
+  naming the file, what was found and what is allowed (one line)."""
+  if not os.path.isfile(config_path):
+    raise ConfigError(f"{config_path} is not a file: give a config file with a get_sweep()")
   spec = importlib.util.spec_from_file_location("swept_config", config_path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except Exception as error:  # noqa: BLE001 (any failure of the user's file)
+    raise ConfigError(f"{config_path} does not load: {_failure(error)}") from None
   if not hasattr(module, "get_sweep"):
-    raise ConfigError(f"{config_path} defines no get_sweep(); a sweep needs one")
-  points = list(module.get_sweep())
+    raise ConfigError(f"{config_path} defines no get_sweep(); a sweep needs one: {ALLOWED}")
+  if not callable(module.get_sweep):
+    raise ConfigError(f"{config_path}: get_sweep is {_kind(module.get_sweep)}; {ALLOWED}")
+  try:
+    points = module.get_sweep()
+  except Exception as error:  # noqa: BLE001 (any failure of the user's function)
+    raise ConfigError(f"{config_path}: get_sweep() raised {_failure(error)}") from None
+  if not isinstance(points, (list, tuple)):
+    raise ConfigError(f"{config_path}: get_sweep() returned {_kind(points)}; {ALLOWED}")
   if not points:
-    raise ConfigError(f"{config_path}: get_sweep() returned no points; a sweep needs at least one")
-  if not all(isinstance(point, dict) and point for point in points):
-    raise ConfigError(f"{config_path}: get_sweep() must return non-empty dicts of field -> value")
-  return points
+    raise ConfigError(
+      f"{config_path}: get_sweep() returned no points; a sweep needs at least one: {ALLOWED}"
+    )
+  for number, point in enumerate(points):
+    if not isinstance(point, dict):
+      raise ConfigError(
+        f"{config_path}: get_sweep()'s point {number} is {_kind(point)}, not a dict; {ALLOWED}"
+      )
+    if not point:
+      raise ConfigError(f"{config_path}: get_sweep()'s point {number} is an empty dict; {ALLOWED}")
+    for field in point:
+      if not isinstance(field, str):
+        raise ConfigError(
+          f"{config_path}: get_sweep()'s point {number} has the key {_short(field)}, "
+          f"not a config field's name (a string); {ALLOWED}"
+        )
+  return list(points)
+
+
+def _failure(error: Exception) -> str:
+  first = (str(error).splitlines() or [""])[0]
+  return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def check_points(
-  points: list[dict], config: ml_collections.ConfigDict, fixed: set[str], each_valid: bool
+  points: list[dict],
+  config: ml_collections.ConfigDict,
+  fixed: set[str],
+  each_valid: bool,
+  source: str | None = None,
 ) -> None:
-  """Every point names existing fields, none set on the command line too, and (with
-  `each_valid`) makes a valid config. Raises ConfigError naming the point.
+  """Every point names existing fields, none set on the command line too, takes
+  values of the fields' types and differs from the others; with `each_valid`
+  (each point a run of its own) its run folder's name is one folder name and
+  its config is valid. Raises ConfigError naming the point (and `source`, the
+  sweep's file, when given).
   """
+  where = f"{source}: " if source else ""
   known = schema.flatten(config.to_dict())
+  folders = {}
   for number, point in enumerate(points):
+    label = f"{where}sweep point {number} ({name(point)})"
     for field in point:
       if field not in known:
-        raise ConfigError(f"sweep point {number} ({name(point)}): {schema.hint(field)}")
+        raise ConfigError(
+          f"{label}: {schema.hint(field)} (get_sweep() returns a list of dicts of config fields)"
+        )
       if field in fixed:
         raise ConfigError(
           f"config.{field} is both swept and set by --config.{field}; drop one of the two"
         )
-    if not each_valid:
-      continue
+    folder = name(point)
+    too_long = len(folder.encode()) > _NAME_BYTES
+    if each_valid and (os.sep in folder or "\0" in folder or too_long):
+      raise ConfigError(
+        f"{label}: its run folder name (field=value,...) must be one folder name of at most "
+        f"{_NAME_BYTES} bytes without {os.sep!r}; sweep fewer fields or simpler values"
+      )
+    if folder in folders:
+      raise ConfigError(
+        f"{label} is point {folders[folder]} again: each point is one run; drop one of the two"
+      )
+    folders[folder] = number
     try:
-      validation.validate(apply(config, point))
+      swept = apply(config, point)
+      if each_valid:
+        trainer.check(swept)
     except (TypeError, ValueError) as error:
-      raise ConfigError(f"sweep point {number} ({name(point)}): {error}") from None
+      raise ConfigError(f"{label}: {error}") from None
 
 
 def apply(config: ml_collections.ConfigDict, point: dict) -> ml_collections.ConfigDict:

@@ -15,7 +15,7 @@ which move as Flax's do: r <- momentum * r + (1 - momentum) * batch value.
 Why: XLA:CPU rewrites a sum over more than 32 entries of an axis into a
 reduce-window of partial sums and then a reduce, and those reduce-windows, two
 in the forward pass and three in the backward pass of every BatchNorm, took a
-quarter of ResNet-20's step (bench/README.md). Here each sum is first a
+quarter of ResNet-20's step (bench/cpu/README.md). Here each sum is first a
 matrix-vector product over the leading (batch) axis, ones[n] @ x[n, rest],
 which XLA hands to its dot kernels, then a plain sum of the n-times shorter
 result; every output of the product adds only n entries, so the rounding stays

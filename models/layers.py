@@ -114,7 +114,7 @@ def conv_general_dilated(
       y[b, h, w, :] = sum over (i, j, c) of x_padded[b, h + i, w + j, c] * W[i, j, c, :]
 
   Why: XLA:CPU's convolution kernels are slow when the input has a channel or
-  three: LeNet-5's first convolution took 6.8 of a 16 ms step (bench/README.md).
+  three: LeNet-5's first convolution took 6.8 of a 16 ms step (bench/cpu/README.md).
   A few channels make few products, which XLA fuses into one loop. The
   gradients are XLA's own. The values equal XLA's convolution to float
   rounding (the same products, added in another order). Only float32 on the
@@ -201,7 +201,7 @@ def materialize(x: jnp.ndarray) -> jnp.ndarray:
   consumer that can take it, and a ResNet's residual stream is a chain of
   such producers (BatchNorm, ReLU, additions) from one convolution to the
   next. Every filter gradient's transpose recomputed that chain back to the
-  stage's first convolution, with a transposed memory access (bench/README.md).
+  stage's first convolution, with a transposed memory access (bench/cpu/README.md).
   XLA does not copy a floating-point division into several consumers, so
   x / (1 + 0 * x) is computed once, and read by every consumer. It is x bit
   for bit where x is finite (and NaN where x is infinite, in a run that has

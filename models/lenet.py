@@ -23,7 +23,7 @@ class LeNet5(nn.Module):
 
   num_classes: int = 10
   # The 2x2 max-pool: reduce_window's values and gradient bits, faster on CPU
-  # (bench/variants.py compares it with layers.reduce_window_max_pool_2x2).
+  # (bench/cpu/variants.py compares it with layers.reduce_window_max_pool_2x2).
   pool: Callable[[jnp.ndarray], jnp.ndarray] = max_pool_2x2
   dtype: Dtype = jnp.float32  # of the computation; the parameters are float32
 

@@ -37,11 +37,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
 
-from easgd import arguments, rules, schema, trainer, validation  # noqa: E402
+from easgd import arguments, rules  # noqa: E402
+from easgd.config import schema, validation  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.errors import ConfigError  # noqa: E402
 from easgd.infra import checkpoint  # noqa: E402
 from easgd.sim import sizing  # noqa: E402
+from easgd.train import trainer  # noqa: E402
 
 TARGET = 0.95
 LEARNING_RATE, MOMENTUM = 0.05, 0.9
@@ -250,7 +252,7 @@ def main():
     for rule in chosen:
       for seed in range(args.seeds):
         config = config_for(rule, args.total_steps, 25, seed, overrides)
-        validation.validate(config)
+        trainer.check(config)
         workdir = os.path.join(args.workdir, rule, f"seed_{seed}")
         saved = checkpoint.saved_config(workdir)
         if saved is not None:
@@ -260,9 +262,9 @@ def main():
     arguments.fail(str(error))
 
   all_runs = {rule: [] for rule in chosen}
-  for (rule, seed), (config, workdir, saved) in runs.items():
+  for number, ((rule, seed), (config, workdir, saved)) in enumerate(runs.items()):
     if saved is None or saved_total_steps(saved) != args.total_steps:
-      print(f"training {rule}, seed {seed} ...", flush=True)
+      print(f"run {number + 1}/{len(runs)}: training {rule}, seed {seed} ...", flush=True)
       trainer.train_and_evaluate(config, workdir)
     all_runs[rule].append(curves(workdir))
   all_scalars = {rule: mean_curves(runs) for rule, runs in all_runs.items()}

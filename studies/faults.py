@@ -25,7 +25,8 @@ from collections.abc import Callable
 import fault_injections as inject  # the sibling module: the run and the injections
 import numpy as np
 
-from easgd import arguments, schema
+from easgd import arguments
+from easgd.config import schema
 
 REPO = inject.REPO
 
@@ -352,7 +353,7 @@ def main() -> None:
       references[key] = reference
     for number in range(args.trials):
       trials.append(run_trial(fault, number, args.workdir, references[key], rng))
-      print(trials[-1], flush=True)
+      print(f"{len(trials)}/{len(FAULTS) * args.trials}: {trials[-1]}", flush=True)
   command = (
     f"python studies/faults.py --workdir {workdir_arg} --trials {args.trials} --seed {args.seed}"
   )

@@ -17,6 +17,7 @@ the most frugal of them sent: each rule's last evaluation (every 25 steps)
 within that budget.
 """
 
+import itertools
 import os
 import sys
 
@@ -24,10 +25,12 @@ import asynchrony  # the sibling study's run and curve helpers (sets 8 CPU devic
 import matplotlib.pyplot as plt
 from absl import logging as absl_logging
 
-from easgd import arguments, rules, trainer, validation
+from easgd import arguments, rules
+from easgd.config import validation
 from easgd.configs import default
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint
+from easgd.train import trainer
 
 RULES = ("sync_sgd", "sync_easgd", "local_sgd", "diloco", "lookahead")
 DTYPES = ("bfloat16", "int8")
@@ -65,23 +68,23 @@ def check(args, rule: str, dtype: str, overrides: dict) -> None:
   """Every run of `rule` sending `dtype` is valid, and any workdir it finds is its own."""
   for seed in range(args.seeds):
     config = config_for(rule, dtype, args.total_steps, seed, overrides)
-    validation.validate(config)
+    trainer.check(config)
     workdir = workdir_of(args, rule, dtype, seed)
     saved = checkpoint.saved_config(workdir)
     if saved is not None:
       validation.check_resumable(saved, config, workdir)
 
 
-def train(rule, dtype, args, overrides) -> list[dict]:
+def train(rule, dtype, args, overrides, progress: str) -> list[dict]:
   """The curves of each seed's run of `rule` sending `dtype`, training what is missing
-  (`check` has accepted them all)."""
+  (`check` has accepted them all); `progress` says which of the study's rules this is."""
   curves = []
   for seed in range(args.seeds):
     config = config_for(rule, dtype, args.total_steps, seed, overrides)
     workdir = workdir_of(args, rule, dtype, seed)
     saved = checkpoint.saved_config(workdir)
     if saved is None or asynchrony.saved_total_steps(saved) != args.total_steps:
-      print(f"training {rule} ({dtype}), seed {seed} ...", flush=True)
+      print(f"{progress}: training {rule} ({dtype}), seed {seed} ...", flush=True)
       trainer.train_and_evaluate(config, workdir)
     curves.append(asynchrony.curves(workdir))
   return curves
@@ -191,17 +194,19 @@ def main():
     arguments.fail(str(error))
 
   results = {}
-  for rule in chosen:
-    results[rule, "float32"] = asynchrony.mean_curves(train(rule, "float32", args, overrides))
+  # Each chosen rule in float32, then the best two with each compressed dtype.
+  total = len(chosen) + min(2, len(chosen)) * len(DTYPES)
+  for number, rule in enumerate(chosen):
+    curves = train(rule, "float32", args, overrides, f"{number + 1}/{total}")
+    results[rule, "float32"] = asynchrony.mean_curves(curves)
   for scalars in results.values():
     scalars["megabytes"] = [(s, v / 1e6) for s, v in scalars["comm/bytes_per_worker"]]
   time_budget = min(final(s, "sim/time") for s in results.values())
   best = sorted(chosen, key=lambda r: -at_budget(results[r, "float32"], "sim/time", time_budget))
-  for rule in best[:2]:
-    for dtype in DTYPES:
-      scalars = asynchrony.mean_curves(train(rule, dtype, args, overrides))
-      scalars["megabytes"] = [(s, v / 1e6) for s, v in scalars["comm/bytes_per_worker"]]
-      results[rule, dtype] = scalars
+  for number, (rule, dtype) in enumerate(itertools.product(best[:2], DTYPES), len(chosen) + 1):
+    scalars = asynchrony.mean_curves(train(rule, dtype, args, overrides, f"{number}/{total}"))
+    scalars["megabytes"] = [(s, v / 1e6) for s, v in scalars["comm/bytes_per_worker"]]
+    results[rule, dtype] = scalars
   time_budget = min(final(s, "sim/time") for s in results.values())
   byte_budget = min(final(s, "megabytes") for s in results.values())
   os.makedirs(args.docs, exist_ok=True)

@@ -18,6 +18,7 @@ accuracy, staleness, worker steps, with the prediction error) and
 docs/reality.png (accuracy against seconds, measured and predicted).
 """
 
+import itertools
 import logging
 import os
 import sys
@@ -35,10 +36,11 @@ import numpy as np  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
 
-from easgd import arguments, rules, trainer  # noqa: E402
+from easgd import arguments, rules  # noqa: E402
 from easgd.configs import default  # noqa: E402
-from easgd.runtime import trace  # noqa: E402
 from easgd.sim import timing  # noqa: E402
+from easgd.train import trainer  # noqa: E402
+from easgd.train.runtimes import simulated, trace  # noqa: E402
 
 TARGET = 0.95
 RULES = ("async_easgd", "hogwild_easgd", "sync_easgd")
@@ -77,7 +79,7 @@ class LockStepClock:
 
   def __init__(self, slowdown: float):
     self.slowdown, self.seconds, self.step_seconds = slowdown, {}, []
-    self._step = trainer.RuleTrainee.step
+    self._step = simulated.RuleTrainee.step
 
   def __enter__(self):
     clock = self
@@ -95,11 +97,11 @@ class LockStepClock:
       clock.seconds[len(clock.seconds) + 1] = total
       return result
 
-    trainer.RuleTrainee.step = timed
+    simulated.RuleTrainee.step = timed
     return self
 
   def __exit__(self, *exc):
-    trainer.RuleTrainee.step = self._step
+    simulated.RuleTrainee.step = self._step
 
 
 def measure(rule: str, config, workdir: str) -> dict:
@@ -263,34 +265,33 @@ def main():
   logging.getLogger("absl").setLevel(logging.WARNING)
 
   results, rows = {}, []
-  for straggler in (False, True):
-    for rule in RULES:
-      name = f"{rule}_{'straggler' if straggler else 'equal'}"
-      print(f"measuring {name} ...", flush=True)
-      real = os.path.join(args.workdir, name, "measured")
-      model = os.path.join(args.workdir, name, "predicted")
-      for workdir in (real, model):
-        if os.path.exists(workdir):
-          arguments.fail(f"--workdir: {workdir} exists; give a new --workdir")
-      measured = measure(rule, config_for(rule, args.total_steps, straggler), real)
-      predicted = predict(config_for(rule, args.total_steps, straggler), measured, model)
-      results[rule, straggler] = measured, predicted
-      rows.append(
-        {
-          "rule": rule,
-          "straggler": f"{SLOWDOWN:g}x slower" if straggler else "equal",
-          "compute": float(np.median(measured["compute"])),
-          "measured_time": time_to_target(measured),
-          "predicted_time": time_to_target(predicted),
-          "steps_reached": f"{step_to_target(measured)} / {step_to_target(predicted)}",
-          "step_ms": f"{seconds_per_step(measured) * 1e3:.2f} / "
-          f"{seconds_per_step(predicted) * 1e3:.2f}",
-          "staleness_measured": _staleness(measured["staleness"]),
-          "staleness_predicted": _staleness(predicted["staleness"]),
-          "steps_measured": measured["worker_steps"],
-          "steps_predicted": predicted["worker_steps"],
-        }
-      )
+  for number, (straggler, rule) in enumerate(itertools.product((False, True), RULES), 1):
+    name = f"{rule}_{'straggler' if straggler else 'equal'}"
+    print(f"{number}/{2 * len(RULES)}: measuring {name} ...", flush=True)
+    real = os.path.join(args.workdir, name, "measured")
+    model = os.path.join(args.workdir, name, "predicted")
+    for workdir in (real, model):
+      if os.path.exists(workdir):
+        arguments.fail(f"--workdir: {workdir} exists; give a new --workdir")
+    measured = measure(rule, config_for(rule, args.total_steps, straggler), real)
+    predicted = predict(config_for(rule, args.total_steps, straggler), measured, model)
+    results[rule, straggler] = measured, predicted
+    rows.append(
+      {
+        "rule": rule,
+        "straggler": f"{SLOWDOWN:g}x slower" if straggler else "equal",
+        "compute": float(np.median(measured["compute"])),
+        "measured_time": time_to_target(measured),
+        "predicted_time": time_to_target(predicted),
+        "steps_reached": f"{step_to_target(measured)} / {step_to_target(predicted)}",
+        "step_ms": f"{seconds_per_step(measured) * 1e3:.2f} / "
+        f"{seconds_per_step(predicted) * 1e3:.2f}",
+        "staleness_measured": _staleness(measured["staleness"]),
+        "staleness_predicted": _staleness(predicted["staleness"]),
+        "steps_measured": measured["worker_steps"],
+        "steps_predicted": predicted["worker_steps"],
+      }
+    )
   os.makedirs(args.docs, exist_ok=True)
   command = " ".join(["python studies/reality.py", *sys.argv[1:]])
   table = os.path.join(args.docs, "reality_table.md")

@@ -41,13 +41,14 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-from easgd import arguments, models, rules, steps, sweep, trainer  # noqa: E402
+from easgd import arguments, models, rules, steps, sweep  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.data import datasets  # noqa: E402
 from easgd.errors import TrainingDiverged  # noqa: E402
 from easgd.infra import checkpoint, sharding  # noqa: E402
 from easgd.sim import sizing, ticks, timing  # noqa: E402
 from easgd.sim.clocks import Policy  # noqa: E402
+from easgd.train import trainer  # noqa: E402
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64)
 MEASURED_WORKERS = (1, 2, 4, 8)

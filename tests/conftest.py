@@ -84,7 +84,7 @@ def small_run(tmp_path_factory):
   """algorithm -> the workdir of runs.SMALL_RUN trained to the end in this process
   (a mesh of 4 of the 8 devices). Shared by several tests: copy it before changing it.
   """
-  from easgd import trainer  # noqa: PLC0415 (after the devices are set)
+  from easgd.train import trainer  # noqa: PLC0415 (after the devices are set)
   from runs import small_config  # noqa: PLC0415
 
   done = {}

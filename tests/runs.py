@@ -134,7 +134,7 @@ def assert_bfloat16_run_keeps_float32_state(tmp_path) -> None:
   band (400 of its 600 steps at a constant rate: 0.956 measured on the CPU, above
   0.95 from step 250 on), and what it keeps (center, workers, optimizer state) is
   float32. The CPU tier (test_train.py) and the GPU tier (test_gpu.py) both run it."""
-  from easgd import trainer  # noqa: PLC0415 (after the tier has chosen the devices)
+  from easgd.train import trainer  # noqa: PLC0415 (after the tier has chosen the devices)
 
   overrides = {"run.total_steps": 400, "run.log_every": 0, "run.eval_every": 0}
   config = config_with(overrides | {"run.checkpoint_every": 0}, dtype="bfloat16")

@@ -22,7 +22,8 @@ import test_parameter_server
 import test_rules
 import test_threads
 
-from easgd import rules, trainer
+from easgd import rules
+from easgd.train import trainer
 from runs import assert_bfloat16_run_keeps_float32_state, config_with, read_state
 
 pytestmark = pytest.mark.gpu

@@ -44,8 +44,8 @@ from easgd.infra import compile as compile_lib
 from easgd.models import batch_norm, layers
 from easgd.pipeline import programs as pipeline
 from easgd.rules import AXIS, model_state
-from easgd.runtime import threads
 from easgd.sim import ticks
+from easgd.train.runtimes import threads
 
 ACCELERATORS = ("cuda", "tpu")
 CPU_ONLY_PATHS = batch_norm.CPU_ONLY_PATHS + layers.CPU_ONLY_PATHS

@@ -61,10 +61,10 @@ def write(out: str, splits: dict, num_classes: int, max_value: float, chunk: int
   os.makedirs(staging)
   try:
     _write_splits(staging, splits, num_classes, max_value, chunk)
+    os.rename(staging, out)
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)  # nothing half-written is left
     raise
-  os.rename(staging, out)
 
 
 def _write_splits(staging: str, splits: dict, num_classes: int, max_value: float, chunk: int):
@@ -171,11 +171,17 @@ def main(argv=None) -> None:
   parser = arguments.ArgumentParser(description=__doc__.split("\n")[0])
   source = parser.add_mutually_exclusive_group(required=True)
   source.add_argument("--dataset", help="a registered dataset (easgd.data.datasets.DATASETS)")
-  source.add_argument("--folder", type=arguments.directory("--folder"), help="an image folder")
+  source.add_argument(
+    "--folder", type=arguments.existing_directory("--folder"), help="an image folder"
+  )
   parser.add_argument("--data_dir", default="", help="TFDS data_dir of a TFDS dataset")
   parser.add_argument("--side", type=arguments.integer(1), default=0, help="--folder's image side")
   parser.add_argument("--out", required=True, help="the folder to write; must not exist")
   args = parser.parse_args(argv)
+  # Not empty, not the current folder or a parent of it, not in or around what is read.
+  arguments.check_workdir(
+    args.out, "--out", inputs={"--folder": args.folder, "--data_dir": args.data_dir}
+  )
   if os.path.lexists(args.out):
     arguments.fail(f"--out={args.out!r} exists: give a new folder")
   parent = os.path.dirname(os.path.abspath(args.out))

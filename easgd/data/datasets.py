@@ -12,7 +12,6 @@ vary, are resized on the host so that their shorter side is the dataset's
 side and centre-cropped to a square.
 """
 
-import dataclasses
 import functools
 import gzip
 import importlib.util
@@ -22,33 +21,8 @@ from collections.abc import Callable
 import numpy as np
 
 from easgd.data import records
+from easgd.data.dataset import Dataset, Shape
 from easgd.errors import ConfigError
-
-
-@dataclasses.dataclass(frozen=True)
-class Dataset:
-  """A labelled image dataset.
-
-  Attributes:
-    name: registry name.
-    train_images, test_images: uint8 [N, H, W, C]; the training images may be
-      a lazy column (TFDS) that reads only the rows it is indexed with.
-    train_labels, test_labels: int32 [N], the same.
-    num_classes: number of labels.
-    max_value: the value of a white pixel (255, or 16 for `digits`).
-    mean, std: per-channel statistics of the training images scaled to [0, 1];
-      inputs are normalised on the device as (image/max_value - mean)/std.
-  """
-
-  name: str
-  train_images: np.ndarray
-  train_labels: np.ndarray
-  test_images: np.ndarray
-  test_labels: np.ndarray
-  num_classes: int
-  max_value: float
-  mean: tuple[float, ...]
-  std: tuple[float, ...]
 
 
 def _make(name, train_images, train_labels, test_images, test_labels, num_classes, max_value):
@@ -251,19 +225,10 @@ DATASETS: dict[str, Callable[[str], Dataset]] = {
   "cifar100": _tfds_loader("cifar100"),  # the 100 fine labels
   # Ten easy ImageNet classes; TFDS's copy with the shorter side at 160 pixels.
   "imagenette": _tfds_loader("imagenette", "imagenette/160px-v2", "validation", side=160),
-  # ILSVRC-2012 (its tars are downloaded by hand: README, "ImageNet-class data").
+  # ILSVRC-2012 (its tars are downloaded by hand: docs/data.md, "ImageNet-class data").
   "imagenet2012": _tfds_loader("imagenet2012", test_split="validation", side=224),
   "records": records.load,
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-  """What a dataset's arrays look like, known without loading it."""
-
-  train_examples: int
-  image_shape: tuple[int, int, int]
-  num_classes: int
 
 
 # Every dataset's shape, so that a run can be planned before the data is at hand.

@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 
+from easgd.data.dataset import Dataset, Shape
 from easgd.errors import ConfigError
 
 FORMAT = "easgd-records/1"
@@ -216,18 +217,14 @@ def _wrong_meta(meta: dict) -> str | None:
 
 
 def shape(directory: str):
-  """The folder's easgd.data.datasets.Shape, from its metadata alone."""
-  from easgd.data.datasets import Shape  # noqa: PLC0415 (datasets imports this module)
-
+  """The folder's Shape, from its metadata alone."""
   meta = read_meta(directory)
   return Shape(meta["train_examples"], tuple(meta["image_shape"]), meta["num_classes"])
 
 
 def load(directory: str):
-  """The folder as an easgd.data.datasets.Dataset: the training set read lazily,
-  the test set whole. A record that is not what the metadata says is refused."""
-  from easgd.data.datasets import Dataset  # noqa: PLC0415 (datasets imports this module)
-
+  """The folder as a Dataset: the training set read lazily, the test set whole. A
+  record that is not what the metadata says is refused."""
   meta = read_meta(directory)
   train = RecordSplit(directory, "train", meta)
   test = RecordSplit(directory, "test", meta)

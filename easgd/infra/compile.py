@@ -3,7 +3,7 @@
 On the CPU (jaxlib 0.10), XLA hands convolutions to YNNPACK fusions by
 default, and YNNPACK computes a convolution's filter gradient (which XLA
 rewrites as a batch-folded convolution) many times slower than Eigen's
-convolution does (bench/conv_grad.py). Asking for YNNPACK fusions of dot
+convolution does (bench/cpu/conv_grad.py). Asking for YNNPACK fusions of dot
 products only sends the convolutions back to Eigen. The option is given to
 each program as it is compiled, not through XLA_FLAGS, so that nothing else
 in the process changes.
@@ -13,8 +13,14 @@ XLA_FLAGS, set by easgd.infra.platform).
 
 A jaxlib that does not know an option rejects it; the program is then
 compiled without it and one line says so.
+
+Compiled programs are kept on disk by JAX's persistent compilation cache
+(`use_persistent_cache`, on by default in train.py and the planner).
 """
 
+import os
+
+import jax
 from absl import logging
 
 # Per platform: the options every training program is compiled with.
@@ -50,3 +56,34 @@ def compile_program(lowered, platform: str, options: dict[str, str] | None = Non
         str(error).splitlines()[0][:200],
       )
   return lowered.compile()
+
+
+# JAX's own variable for its persistent compilation cache, which a user's setting
+# of it moves (or, set to "", turns off).
+CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
+
+
+def default_cache_dir() -> str:
+  """Where compiled programs are kept unless told: the user's cache folder
+  ($XDG_CACHE_HOME, else ~/.cache), under easgd/jax."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "easgd", "jax")
+
+
+def use_persistent_cache(directory: str | None) -> str:
+  """Keeps compiled programs on disk, so that a sweep's points, a rerun and a resumed
+  run compile each program once; returns the folder, or "" when it is off.
+
+  directory: the folder, "" for off, or None for JAX_COMPILATION_CACHE_DIR if it
+  is set, else `default_cache_dir()`. A program's entry is keyed by its HLO, the
+  compiler options and the backend: a cached program computes the same bits as
+  a compiled one. Called before the first compilation.
+  """
+  if directory is None:
+    directory = os.environ.get(CACHE_VARIABLE, default_cache_dir())
+  if not directory:
+    jax.config.update("jax_enable_compilation_cache", False)
+    return ""
+  jax.config.update("jax_enable_compilation_cache", True)
+  jax.config.update("jax_compilation_cache_dir", directory)
+  return directory

@@ -59,7 +59,9 @@ class MetricWriter:
 
       for tag, value in values.items():
         self._write(step, summary=summary.scalar(tag, value))
-    logging.info(
+    # Every scalar at the verbosity of --v=1; the loop's progress line has the
+    # ones a user watches (easgd.train.loop.Progress).
+    logging.debug(
       "%sstep %d: %s",
       self._prefix,
       step,

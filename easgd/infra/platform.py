@@ -12,6 +12,7 @@ backend that will run and for no other:
 
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import pkgutil
 
@@ -82,3 +83,15 @@ def make_gpu_deterministic() -> None:
   flags = os.environ.get("XLA_FLAGS", "")
   if GPU_DETERMINISM not in flags:
     os.environ["XLA_FLAGS"] = f"{flags} --{GPU_DETERMINISM}=true".strip()
+
+
+def _not_an_absent_backend(record: logging.LogRecord) -> bool:
+  return not (
+    record.levelno < logging.WARNING and "Unable to initialize backend" in record.getMessage()
+  )
+
+
+def quiet_absent_backends() -> None:
+  """Keeps out of the log JAX's INFO line for each backend it tried and could not
+  start (libtpu.so on a machine without a TPU): nothing is wrong with the run."""
+  logging.getLogger("jax._src.xla_bridge").addFilter(_not_an_absent_backend)

@@ -11,8 +11,8 @@ Where it goes: WORKDIR/profile, in the layout TensorBoard's profile plugin
 reads (plugins/profile/<time>/<host>.xplane.pb). jax.profiler names the file
 after the host, so in a run of several processes each writes under a folder
 of its own, WORKDIR/profile/process_<i>. View it with `xprof --logdir WORKDIR`
-or TensorBoard with tensorboard-plugin-profile (README, "Profiling a window
-of steps").
+or TensorBoard with tensorboard-plugin-profile (docs/running.md, "Profiling a
+window of steps").
 
 A run resumed past the window traces nothing; one resumed inside it traces
 from the step it resumed at to the window's end. A run that stops inside the
@@ -47,7 +47,7 @@ def refusal(value, total_steps: int) -> str | None:
 def parse(value, total_steps: int) -> tuple[int, int] | None:
   """(START, STEPS) of a window "START:STEPS" within `total_steps` steps, or None for "".
 
-  Raises ValueError for anything else (easgd.validation refuses it first).
+  Raises ValueError for anything else (easgd.config.validation refuses it first).
   """
   why = refusal(value, total_steps)
   if why is not None:

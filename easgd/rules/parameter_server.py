@@ -125,7 +125,7 @@ class ParameterServerRule(Rule):
 
     Returns (workers, worker_opt, updates still to apply, loss, accuracy);
     the elastic rules apply their update after the master's operations. The
-    threads runtime (easgd.runtime.threads) calls it for one worker at a time.
+    threads runtime (easgd.train.runtimes.threads) calls it for one worker at a time.
     """
     hyper = self.hyper
 

@@ -54,7 +54,7 @@ class Cluster:
   def from_config(cls, config: ml_collections.ConfigDict) -> "Cluster":
     values = config.to_dict()
     values["stragglers"] = tuple(values["stragglers"])
-    values.pop("replay", None)  # a recorded order, not a timing (easgd.runtime.trace)
+    values.pop("replay", None)  # a recorded order, not a timing (easgd.train.runtimes.trace)
     return cls(**values)
 
   def mean_step_times(self, num_workers: int) -> np.ndarray:

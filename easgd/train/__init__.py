@@ -1,0 +1,1 @@
+"""Training: the loop every run shares, its setup, and the runtimes that drive it."""

@@ -1,0 +1,50 @@
+"""The runtimes, by name: how a configuration runs (easgd.train.runtimes.base.Runtime).
+
+simulated: every rule, its workers stepping in the ticks of a schedule, one
+  program for all of them; the schedule comes from the timing model or, with
+  cluster.replay, from a recorded trace.
+threads: the parameter-server rules, each worker in its own host thread, for
+  real, recording the trace that replays it.
+pipeline: config.algorithm=pipeline's models on a ring of devices.
+
+A runtime is chosen by config.runtime, except one that is its algorithms'
+only runtime (`Runtime.chosen_by_algorithm`), which their algorithm chooses.
+"""
+
+import ml_collections
+
+from easgd.errors import ConfigError
+from easgd.train.runtimes.base import Runtime
+from easgd.train.runtimes.pipeline import PipelineRuntime
+from easgd.train.runtimes.simulated import SimulatedRuntime
+from easgd.train.runtimes.threads import ThreadsRuntime
+
+RUNTIMES: dict[str, type[Runtime]] = {
+  runtime.name: runtime for runtime in (SimulatedRuntime, ThreadsRuntime, PipelineRuntime)
+}
+
+
+def named() -> tuple[str, ...]:
+  """The values config.runtime takes: the runtimes not chosen by their algorithm."""
+  return tuple(name for name, runtime in RUNTIMES.items() if not runtime.chosen_by_algorithm)
+
+
+def select(config: ml_collections.ConfigDict) -> type[Runtime]:
+  """The runtime that runs `config`, its own checks passed; raises ConfigError."""
+  for runtime in RUNTIMES.values():
+    if runtime.chosen_by_algorithm and config.algorithm in runtime.algorithms():
+      break
+  else:
+    if config.runtime not in named():
+      raise ConfigError(
+        f"config.runtime={config.runtime!r} is invalid: valid: {', '.join(named())}"
+      )
+    runtime = RUNTIMES[config.runtime]
+    if config.algorithm not in runtime.algorithms():
+      raise ConfigError(
+        f"config.runtime={config.runtime!r} is invalid: {runtime.name} runs "
+        f"{runtime.runs()}; {config.algorithm} runs on "
+        f"{', '.join(name for name in named() if config.algorithm in RUNTIMES[name].algorithms())}"
+      )
+  runtime.check(config)
+  return runtime

@@ -1,0 +1,145 @@
+"""What the runtimes of the rules share: the rule and its state at step 0, the
+bytes of its exchanges, and the reports (training means, the clock's totals,
+simulated by easgd.sim.clocks or measured by the threads runtime, evaluations
+and HParams, through easgd.infra.metrics)."""
+
+import json
+
+import jax
+import numpy as np
+
+from easgd import evaluation, steps
+from easgd.config import schema
+from easgd.infra import metrics
+from easgd.rules import RULES, Hyper, Rule, TrainState, exchange, make_rule, model_state
+from easgd.sim import ticks, timing
+from easgd.train import setup as setup_lib
+from easgd.train.runtimes.base import Runtime
+
+
+class RuleRuntime(Runtime):
+  """A runtime of the update rules (easgd.rules): one center, config.workers workers."""
+
+  @classmethod
+  def algorithms(cls) -> tuple[str, ...]:
+    return tuple(RULES)
+
+  def __init__(self, setup: setup_lib.Setup):
+    super().__init__(setup)
+    config = setup.config
+    self.rule = make_rule(config.algorithm, Hyper.from_config(config))
+    self.cluster = timing.Cluster.from_config(config.cluster)
+
+  def describe(self) -> str:
+    return f"{self.setup.config.algorithm}: {self.setup.config.workers} workers"
+
+  def init_state(self) -> TrainState:
+    setup = self.setup
+    init_rng, run_rng = jax.random.split(jax.random.PRNGKey(setup.config.seed))
+    params = jax.jit(setup.init_params)(init_rng)
+    # Every exchange is sized as it is sent (easgd.rules.exchange.sizes).
+    self.model_bytes, self.sent_bytes = exchange.sizes(
+      params, setup.config.outer.exchange_dtype, self.rule.hyper.average_stats
+    )
+    return steps.init_state(self.rule, params, run_rng, setup.mesh)
+
+
+class _TickTotals:
+  """What the clock's ticks did since the last log, and the run's totals."""
+
+  def __init__(self, clock):
+    self._clock = clock
+    self._steps = 0
+    self._staleness: list[int] = []
+    self._waits: list[float] = []
+
+  def add(self, tick: ticks.Tick) -> None:
+    self._steps += int(tick.local.sum())
+    self._staleness += tick.staleness
+    self._waits += tick.waits
+
+  def worker_steps(self) -> int:
+    """Local steps taken by all workers since the last call to `scalars`."""
+    return self._steps
+
+  def scalars(self) -> dict[str, float]:
+    clock = self._clock
+    values = {
+      "sim/time": clock.time,
+      "sim/worker_steps_min": float(clock.worker_steps.min()),
+      "sim/worker_steps_max": float(clock.worker_steps.max()),
+      "sim/worker_steps_mean": float(clock.worker_steps.mean()),
+      "comm/exchanges_per_worker": float(clock.requests.mean()),
+      "comm/bytes_per_worker": float(clock.bytes_sent.mean()),
+    }
+    if self._staleness:
+      values["async/staleness_mean"] = float(np.mean(self._staleness))
+      values["async/queue_wait"] = float(np.mean(self._waits))
+    self._steps = 0
+    return values
+
+  def staleness(self) -> list[int]:
+    staleness, self._staleness, self._waits = self._staleness, [], []
+    return staleness
+
+
+class RuleReports:
+  """What every runtime of the rules reports: the training means, the clock's
+  totals (simulated or measured), the evaluations and the HParams."""
+
+  num_models = 1
+
+  def __init__(self, setup: setup_lib.Setup, rule: Rule, clock, resumed_at: int | None):
+    self.setup, self.rule, self.clock = setup, rule, clock
+    self.writer = metrics.MetricWriter(setup.workdir, resumed_at=resumed_at)
+    self.totals = _TickTotals(clock)
+    self.sums: dict[str, float] = {}
+    self.count = 0
+
+  def add(self, values, context) -> np.ndarray:
+    del context
+    for tag, value in values.items():
+      self.sums[tag] = self.sums.get(tag, 0.0) + float(value)
+    self.count += 1
+    return np.array([values["loss"]])
+
+  def log(self, step, train_seconds):
+    train = {f"train/{tag}": total / self.count for tag, total in self.sums.items()}
+    self.sums, self.count = {}, 0
+    images = self.totals.worker_steps() * self.setup.config.data.batch_size
+    train["train/images_per_sec"] = images / train_seconds
+    train.update(self.totals.scalars())
+    self.writer.scalars(step, train)
+    self.writer.histogram(step, "async/staleness", self.totals.staleness())
+    return train
+
+  def evaluate(self, step):
+    state, evaluator = self.state, self.setup.evaluator
+    workers = self.rule.worker_params(state)
+    if model_state.has_stats(state.center) and not self.rule.hyper.average_stats:
+      # The center has no statistics of its own: it is scored with each
+      # worker's in turn, and the mean is reported.
+      center_models = evaluation.center_with_stats_of(state.center, workers)
+      center = float(evaluator.worker_accuracies(center_models).mean())
+    else:
+      center = evaluator.center_accuracy(state.center)
+    values = {
+      "eval/center_accuracy": center,
+      "eval/worker_accuracy": float(evaluator.worker_accuracies(workers).mean()),
+      "eval/consensus_distance": float(evaluation.consensus_distance(workers, state.center)),
+    }
+    self.writer.scalars(step, values)
+    return values
+
+  def write_config(self):
+    text = json.dumps(self.setup.config.to_dict(), indent=2)
+    self.writer.text("config", "```\n" + text + "\n```")
+
+  def finish(self):
+    self.writer.hparams(schema.hparams_of(self.setup.config))
+
+  def flush(self):
+    self.writer.flush()
+
+  def close(self):
+    self.writer.close()

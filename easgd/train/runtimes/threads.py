@@ -1,0 +1,334 @@
+"""runtime=threads: the parameter-server rules run for real on one host.
+
+The workers (easgd.train.runtimes.workers) run in threads of their own; this
+module is their side of the training loop (easgd.train.loop). The loop's step s is tick
+s - 1 of the events as they commit (ticks count from 0, as the simulated
+runtime's), and the loop keeps pace with the leading worker. The workers'
+limit is the next step at which the loop logs, evaluates or checkpoints;
+at that step the loop waits until every worker is parked there, and
+evaluates or saves that consistent cut, which the replay of the trace
+(cluster.replay) reaches at the same step. A preemption notice lowers the
+limit to one tick past the leading worker and saves that cut.
+
+Each worker's step and each master operation is compiled as shard_map over
+a mesh of its one device, with the tick program's own conditionals around
+it, so that XLA compiles the arithmetic as it does in the simulated
+runtime's program: a replay reaches the same bits (docs/asynchrony.md, "Real
+asynchrony", says where it does not).
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from easgd import steps
+from easgd.config.optimizer_checks import require
+from easgd.data import augment as augment_lib
+from easgd.infra import sharding
+from easgd.infra.compile import compile_program
+from easgd.rules import AXIS, RULES, Rule, TrainState
+from easgd.rules.base import exchange_key
+from easgd.sim import timing
+from easgd.train import loop
+from easgd.train import setup as setup_lib
+from easgd.train.runtimes import trace as trace_lib
+from easgd.train.runtimes.live_clock import LiveClock
+from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime
+from easgd.train.runtimes.workers import Rows, Workers
+
+
+def programs(rule: Rule, loss_fn, batch_size: int, augment):
+  """The pieces, each jitted alone: a worker's local step, and the master's operations."""
+
+  def local(workers, worker_opt, worker_steps, rng, images, labels, worker, base):
+    """The local step at `workers`; the EASGD family adds its update to `base` (x_j,
+    or x_j - e after the exchange), in the same program as the simulated runtime
+    does: XLA fuses the update's last product into that sum."""
+    batch = steps.sample_batches(images, labels, rng, worker, worker_steps, batch_size, augment)
+    view = TrainState(
+      step=0,
+      rng=rng,
+      center=(),
+      center_opt=(),
+      workers=workers,
+      worker_opt=worker_opt,
+      worker_steps=worker_steps,
+    )
+    stepping = worker >= 0  # always; a value XLA cannot fold, as in the tick program
+    new_workers, new_opt, updates, loss, accuracy = rule.local_step(view, batch, loss_fn, stepping)
+    # What the worker keeps crosses a conditional, as it crosses the master's in
+    # the simulated step (ParameterServerRule.step): XLA then fuses (and rounds)
+    # the update's arithmetic alike in both programs.
+    kept = base if updates is not None else new_workers
+    kept, new_opt = lax.cond(worker[0] >= 0, lambda *a: a, lambda *a: a, kept, new_opt)
+    if updates is not None:
+      kept = jax.tree.map(jnp.add, kept, updates)
+    return kept, new_opt, loss, accuracy
+
+  def master(center, center_opt, row, rng, tick, position, kind):
+    """Operation `kind` of worker j (row 0), the position-th of tick `tick`: the tick
+    program's loop and key (ParameterServerRule.serve), run for this one operation."""
+    size = 2 * rule.hyper.num_workers
+    ops = {
+      "op_kind": jnp.zeros(size, jnp.int32).at[position].set(kind),
+      "op_worker": jnp.zeros(size, jnp.int32),
+      "num_ops": position + 1,
+    }
+    key = exchange_key(TrainState(tick, rng, (), (), (), (), ()))
+    carry = (center, center_opt, row)
+    return lax.cond(
+      ops["num_ops"] > 0, lambda: rule.serve(ops, key, position, carry), lambda: carry
+    )
+
+  return local, master
+
+
+# The in and out specs of `programs`' local step and master operation, each jitted over
+# a mesh of one device: the local step takes its worker's rows, and the run's key whole.
+LOCAL_SPECS = ((P(AXIS),) * 3 + (P(),) + (P(AXIS),) * 4, P(AXIS))
+MASTER_SPECS = ((P(),) * 7, P())
+
+
+def on_device(function, specs, device):
+  """jit(shard_map(function)) over a mesh of `device` alone, with `specs` (LOCAL_SPECS or
+  MASTER_SPECS), nothing donated."""
+  in_specs, out_specs = specs
+  mesh = Mesh(np.array([device]), (AXIS,))
+  return sharding.jit_shard_map(function, mesh, in_specs, out_specs, donate=False)
+
+
+class ThreadsTrainee(RuleReports):
+  """The loop's trainee for runtime=threads (see the module docstring)."""
+
+  def __init__(
+    self,
+    setup: setup_lib.Setup,
+    rule: Rule,
+    state: TrainState,
+    cluster: timing.Cluster,
+    sent_bytes: float,
+    clock_state: dict | None,
+    resumed_at: int | None,
+  ):
+    config = setup.config
+    clock = LiveClock(config.workers)
+    if clock_state is not None:
+      clock.load_state_dict(clock_state)
+    # First: a resumed run whose trace is missing or short stops here, having written nothing.
+    trace = trace_lib.Writer(setup.workdir, config, None if clock_state is None else clock.events)
+    super().__init__(setup, rule, clock, resumed_at)
+    self.schedule = loop.Schedule.from_config(config.run)
+    self.rng = state.rng
+    self.cut = int(jax.device_get(state.step))  # the loop step of the last consistent cut
+    self._loop_step = self.cut
+    self.devices = list(setup.mesh.devices.flat)
+    self.per_device = config.workers // len(self.devices)
+    rows = self._split(state, setup.train_images, setup.train_labels)
+    compiled = self._compile(rule, setup, rows)
+    mean_times = cluster.mean_step_times(config.workers)
+    self.pool = Workers(
+      rule,
+      rows,
+      self.devices,
+      compiled,
+      clock,
+      trace,
+      sent_bytes,
+      mean_times / mean_times.min() - 1.0,
+      self.cut,
+    )
+    self.started = False  # the threads start at the first step
+
+  # Layout: the loop's sharded state <-> one row per worker on its device.
+
+  def _split(self, state: TrainState, images, labels) -> Rows:
+    def row(leaf, worker):
+      device = self.devices[worker // self.per_device]
+      shard = next(s for s in leaf.addressable_shards if s.device == device)
+      local = worker % self.per_device
+      return shard.data[local : local + 1]
+
+    def rows(tree):
+      return [jax.tree.map(lambda leaf, j=j: row(leaf, j), tree) for j in range(len(labels))]
+
+    def on_center(tree):
+      return jax.tree.map(
+        lambda leaf: next(s.data for s in leaf.addressable_shards if s.device == self.devices[0]),
+        tree,
+      )
+
+    return Rows(
+      workers=rows(state.workers),
+      worker_opt=rows(state.worker_opt),
+      images=[row(images, j) for j in range(len(labels))],
+      labels=[row(labels, j) for j in range(len(labels))],
+      steps=[int(n) for n in np.asarray(jax.device_get(state.worker_steps))],
+      center=on_center(state.center),
+      center_opt=on_center(state.center_opt),
+      rng_on={device: jax.device_put(state.rng, device) for device in self.devices},
+    )
+
+  @property
+  def state(self) -> TrainState:
+    """The training state at the last cut, in the simulated runtime's layout."""
+    mesh, pool = self.setup.mesh, self.pool
+    split, replicated = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
+
+    def stacked(rows):
+      def leaf(*per_worker):
+        parts = [
+          jnp.concatenate(per_worker[d * self.per_device : (d + 1) * self.per_device])
+          for d in range(len(self.devices))
+        ]
+        shape = (len(per_worker), *per_worker[0].shape[1:])
+        return jax.make_array_from_single_device_arrays(shape, split, parts)
+
+      return jax.tree.map(leaf, *rows)
+
+    return TrainState(
+      step=jax.device_put(np.int32(self.cut), replicated),
+      rng=self.rng,
+      center=jax.device_put(pool.center, replicated),
+      center_opt=jax.device_put(pool.center_opt, replicated),
+      workers=stacked(pool.workers),
+      worker_opt=stacked(pool.worker_opt),
+      worker_steps=jax.device_put(np.asarray(pool.steps, np.int32), split),
+    )
+
+  def _compile(self, rule: Rule, setup: setup_lib.Setup, rows: Rows):
+    """Each device's local step, and the master's operation on the center's device."""
+    config = setup.config
+    augment = augment_lib.get(config.data.augment)
+    local, master = programs(rule, setup.loss_fn, config.data.batch_size, augment)
+    platform = setup.platform
+
+    def on(device, value):
+      return jax.device_put(np.asarray(value, np.int32), device)
+
+    pending = {}
+    for d, device in enumerate(self.devices):
+      j = d * self.per_device
+      workers, opt = rows.workers[j], rows.worker_opt[j]
+      args = (workers, opt, on(device, [0]), rows.rng_on[device])
+      args += (rows.images[j], rows.labels[j], on(device, [j]), workers)
+      pending[device] = on_device(local, LOCAL_SPECS, device).lower(*args)
+    center = self.devices[0]
+    fields = {f: rows.worker_opt[0][f] for f in rule.request_fields()}
+    row = {"workers": rows.workers[0], **fields, "worker_steps": on(self.devices[0], [0])}
+    args = (rows.center, rows.center_opt, jax.device_put(row, center))
+    args += (rows.rng_on[center], on(center, 0), on(center, 0), on(center, 0))
+    master_op = compile_program(on_device(master, MASTER_SPECS, center).lower(*args), platform)
+    return {device: compile_program(program, platform) for device, program in pending.items()}, (
+      master_op
+    )
+
+  # The loop's side.
+
+  def _cut(self) -> None:
+    """The cut at the workers' limit (self.pool.cond held); its ticks go to the reports."""
+    pool = self.pool
+    pool.wait_for_cut()
+    self.cut = pool.limit + 1
+    for tick in pool.clock.packer.release_all():
+      self.totals.add(tick)
+
+  def step(self):
+    pool = self.pool
+    if not self.started:
+      pool.start()
+      self.started = True
+    with pool.cond:
+      step = self._loop_step = self._loop_step + 1
+      pool.raise_limit(self.schedule.next_stop(step) - 1)
+      if self.schedule.stops_at(step):
+        self._cut()
+      else:
+        pool.wait_for_leader(step - 1)
+      sums = pool.take_sums()
+    # Sums: a loop step may see any number of local steps (or none).
+    return sums, None
+
+  def add(self, values, context) -> np.ndarray:
+    """Sums of the local steps' losses and accuracies, divided by their number in `log`."""
+    del context
+    for tag in ("loss", "accuracy"):
+      self.sums[tag] = self.sums.get(tag, 0.0) + float(values[tag])
+    self.count += int(values["steps"])
+    return np.array([values["loss"]])  # not finite once a step's loss is not
+
+  def log(self, step, train_seconds):
+    self.count = max(self.count, 1)
+    rate = self.rule.learning_rate(jnp.asarray(self.pool.steps))
+    self.sums["learning_rate"] = float(np.mean(np.asarray(rate))) * self.count
+    return super().log(step, train_seconds)
+
+  def save(self, divergence):
+    del divergence
+    pool = self.pool
+    with pool.cond:
+      if self.cut != pool.limit + 1 or not pool.parked():
+        # Off the schedule (a preemption notice): the first cut the workers can reach.
+        pool.lower_limit()
+        self._cut()
+        logging.info("saving the consistent cut after step %d", self.cut)
+      pool.trace.sync()
+      clock_state = pool.clock.state_dict()
+    self.setup.checkpointer.save(self.state, clock_state, self.setup.config)
+
+  def finish(self):
+    with self.pool.cond:
+      self.pool.trace.end(self.pool.clock.events, self.cut)
+    super().finish()
+
+  def close(self):
+    self.pool.stop()
+    self.pool.trace.close()
+    super().close()
+
+
+def _server_rules() -> tuple[str, ...]:
+  return tuple(name for name, rule in RULES.items() if rule.parameter_server())
+
+
+class ThreadsRuntime(RuleRuntime):
+  """The parameter-server rules, each worker in a thread of its own on one host."""
+
+  name = "threads"
+  spans_processes = False
+  streams = False  # each worker reads its batches from its partition on its device
+  reads = ()
+
+  @classmethod
+  def algorithms(cls) -> tuple[str, ...]:
+    return _server_rules()
+
+  @classmethod
+  def runs(cls) -> str:
+    return f"the parameter-server rules ({', '.join(_server_rules())})"
+
+  @classmethod
+  def check(cls, config: ml_collections.ConfigDict) -> None:
+    """It records a trace, which a replay drives the simulated runtime through, and
+    has no tick programs to profile."""
+    require(
+      not config.cluster.replay,
+      "cluster.replay",
+      config.cluster.replay,
+      "a replay drives runtime=simulated; runtime=threads records a new trace: leave it ''",
+    )
+    require(
+      not config.run.profile,
+      "run.profile",
+      config.run.profile,
+      "profiles the simulated runtime's tick programs; with runtime=threads leave it ''",
+    )
+
+  def trainee(self, state, clock_state, resumed_at) -> ThreadsTrainee:
+    return ThreadsTrainee(
+      self.setup, self.rule, state, self.cluster, self.sent_bytes, clock_state, resumed_at
+    )

@@ -1,0 +1,270 @@
+"""The record of a threads run (WORKDIR/trace.jsonl) and its replay as ticks.
+
+One JSON object a line:
+  {"kind": "header", "version": 1, "algorithm", "workers", "config": {field: value}}
+      the fields that shape the trajectory (easgd.config.schema), less the runtime
+      and the timing model's (a replay keeps the recorded order instead);
+  {"kind": "event", "worker": j, "step": k, "op", "local", "tick", "read", "wrote",
+   "staleness", "wait", "service", "compute", "time"}
+      one thing worker j did, in the order the master saw it:
+        op "local":    its local step k (k local steps done before it);
+        op "exchange": a request served under the lock (read and write at
+                       once);
+        op "read" / "write": the two halves of a Hogwild request;
+      "local": true when the worker's local step k comes with the event (a
+      local step, or the request of an EASGD worker's exchange step, an
+      exchange or a READ);
+      "read"/"wrote": the center's version it read / wrote (versions count
+      the writes to the center), "staleness": writes by other workers since
+      the worker's previous read, "wait": seconds it queued for the master,
+      "service": seconds the master took, "compute": seconds a "local"
+      event's step took on its device (a straggler's delay left out; 0 for
+      the others: an exchange step computes after its request), "time": seconds of
+      training since the run began (pauses at evaluations and checkpoints
+      left out), "tick": the tick it falls in;
+  {"kind": "end", "events": N, "ticks": T}: written when the run completes.
+
+Replaying packs the events, in their order, into ticks with the simulated
+runtime's own packer (easgd.sim.events.TickPacker): the threads runtime
+packed them the same way as it ran, so a replay takes the same T ticks,
+and every event's tick is checked against the recorded one.
+"""
+
+import dataclasses
+import json
+import os
+
+import ml_collections
+
+from easgd.config import schema
+from easgd.errors import ConfigError
+from easgd.sim import clocks, timing
+from easgd.sim.events import TickPacker
+from easgd.sim.ticks import OpKind, Tick
+
+FILE = "trace.jsonl"
+VERSION = 1
+OPS = {"local": None, "exchange": OpKind.EXCHANGE, "read": OpKind.READ, "write": OpKind.WRITE}
+
+
+def recorded_fields(config: ml_collections.ConfigDict) -> dict:
+  """The config fields a trace must be replayed under: those that shape the
+  trajectory, less the runtime and the timing model (cluster.*)."""
+  return {
+    field: value
+    for field, value in schema.flatten(config.to_dict()).items()
+    if schema.shapes_trajectory(field, config.algorithm, config.optimizer)
+    and field != "runtime"
+    and not field.startswith("cluster.")
+  }
+
+
+def header(config: ml_collections.ConfigDict) -> dict:
+  return {
+    "kind": "header",
+    "version": VERSION,
+    "algorithm": config.algorithm,
+    "workers": config.workers,
+    "config": recorded_fields(config),
+  }
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+  worker: int
+  step: int
+  op: str
+  local: bool
+  tick: int
+  read: int | None = None
+  wrote: int | None = None
+  staleness: int = -1
+  wait: float = 0.0
+  time: float = 0.0
+  compute: float = 0.0
+  service: float = 0.0
+
+  def line(self) -> str:
+    return json.dumps({"kind": "event", **dataclasses.asdict(self)}) + "\n"
+
+
+class Writer:
+  """Appends events; `sync` makes them durable (before a checkpoint counts them)."""
+
+  def __init__(self, workdir: str, config: ml_collections.ConfigDict, keep_events: int | None):
+    """keep_events: None for a new run (a new trace), else the events of the
+    checkpoint being resumed: the trace is cut back to them."""
+    self.path = os.path.join(workdir, FILE)
+    if keep_events is None:
+      self._file = open(self.path, "w")  # noqa: SIM115 (open for the run's length)
+      self._file.write(json.dumps(header(config)) + "\n")
+    else:
+      # Cut back under another name, then renamed: a kill meanwhile leaves the
+      # trace whole for the next resume.
+      kept = _lines(self.path, 1 + keep_events)
+      with open(self.path + ".cut", "w") as cut:
+        cut.writelines(kept)
+      os.replace(self.path + ".cut", self.path)
+      self._file = open(self.path, "a")  # noqa: SIM115
+    self._file.flush()
+
+  def add(self, event: Event) -> None:
+    self._file.write(event.line())
+
+  def sync(self) -> None:
+    self._file.flush()
+    os.fsync(self._file.fileno())
+
+  def end(self, events: int, ticks: int) -> None:
+    """The end line: the run completed with `events` events in `ticks` ticks."""
+    self._file.write(json.dumps({"kind": "end", "events": events, "ticks": ticks}) + "\n")
+    self.sync()
+
+  def close(self) -> None:
+    self._file.close()
+
+
+def _lines(path: str, count: int) -> list[str]:
+  """The first `count` lines of the trace a checkpoint counted."""
+  if not os.path.exists(path):
+    raise ConfigError(
+      f"the checkpoint to resume counts {count - 1} traced events, but {path!r} is missing: "
+      "a runtime=threads workdir keeps its trace.jsonl; use another --workdir"
+    )
+  with open(path) as file:
+    lines = [line for _, line in zip(range(count), file, strict=False)]
+  if len(lines) < count or not lines[-1].endswith("\n"):
+    raise ConfigError(
+      f"{path!r} holds fewer whole lines than the checkpoint to resume counts events "
+      f"({count - 1}, after the header); use another --workdir"
+    )
+  return lines
+
+
+@dataclasses.dataclass
+class Trace:
+  header: dict
+  events: list[Event]
+  ticks: int
+
+
+def read(path: str) -> Trace:
+  """A complete trace; ConfigError (one line) for a missing, cut or malformed one."""
+  name = f"cluster.replay={path!r}"
+  if not os.path.isfile(path):
+    raise ConfigError(f"{name} does not exist: give the trace.jsonl of a runtime=threads run")
+  with open(path) as file:
+    lines = file.read().split("\n")
+  if lines and lines[-1] == "":
+    lines.pop()
+  records = []
+  for number, line in enumerate(lines, 1):
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      raise ConfigError(f"{name} is cut or malformed at line {number}: not JSON") from None
+    if not isinstance(record, dict):
+      raise ConfigError(f"{name} is malformed at line {number}: not a JSON object")
+    records.append(record)
+  first = records[0] if records else {}
+  if first.get("kind") != "header" or first.get("version") != VERSION:
+    raise ConfigError(f"{name} does not begin with a version-{VERSION} trace header")
+  workers = first.get("workers")
+  if not isinstance(workers, int) or workers < 1 or not isinstance(first.get("config"), dict):
+    raise ConfigError(f"{name}'s header lacks its workers or config")
+  end = records[-1]
+  if end.get("kind") != "end":
+    raise ConfigError(
+      f"{name} is truncated: it has no end line (the run was stopped or the file cut); "
+      "replay the trace of a run that completed"
+    )
+  events = []
+  for number, record in enumerate(records[1:-1], 2):
+    try:
+      event = Event(**{k: v for k, v in record.items() if k != "kind"})
+    except TypeError as error:
+      raise ConfigError(f"{name} is malformed at line {number}: {error}") from None
+    if record.get("kind") != "event" or event.op not in OPS or not 0 <= event.worker < workers:
+      raise ConfigError(
+        f"{name} is malformed at line {number}: not an event of one of its {workers} "
+        f"workers with an op of {', '.join(OPS)}"
+      )
+    events.append(event)
+  if end.get("events") != len(events) or not isinstance(end.get("ticks"), int):
+    raise ConfigError(
+      f"{name} is inconsistent: its end line counts {end.get('events')} events, "
+      f"it holds {len(events)}"
+    )
+  return Trace(records[0], events, int(end["ticks"]))
+
+
+def check_replay(config: ml_collections.ConfigDict) -> list[Tick]:
+  """The ticks of the trace config.cluster.replay names, checked against `config`;
+  ConfigError if it is not a trace of this configuration, or not consistent."""
+  path = config.cluster.replay
+  trace = read(path)
+  recorded, here = trace.header["config"], recorded_fields(config)
+  for field in sorted(set(recorded) | set(here)):
+    if recorded.get(field) != here.get(field):
+      raise ConfigError(
+        f"cluster.replay={path!r} was recorded with config.{field}={recorded.get(field)!r}, "
+        f"this run has {here.get(field)!r}: replay it under the configuration that recorded it"
+      )
+  if config.run.total_steps != trace.ticks:
+    raise ConfigError(
+      f"run.total_steps={config.run.total_steps}: cluster.replay={path!r} holds "
+      f"{trace.ticks} ticks; set run.total_steps={trace.ticks}"
+    )
+  ticks = pack(trace.events, trace.header["workers"])
+  if len(ticks) != trace.ticks:
+    raise ConfigError(
+      f"cluster.replay={path!r} is inconsistent: its events fill {len(ticks)} ticks, "
+      f"its end line counts {trace.ticks}"
+    )
+  return ticks
+
+
+def pack(events: list[Event], num_workers: int) -> list[Tick]:
+  """The ticks of `events` in their order; each event must fall in its recorded tick.
+  (A request's bytes are left to the clock that replays them.)"""
+  packer = TickPacker(num_workers)
+  for number, event in enumerate(events):
+    op = OPS[event.op]
+    tick = packer.emit(
+      event.time,
+      event.worker,
+      event.local,
+      op,
+      event.staleness,
+      event.wait,
+    )
+    if tick != event.tick:
+      raise ConfigError(
+        f"the trace's event {number} (worker {event.worker}) packs into tick {tick}, "
+        f"it was recorded in tick {event.tick}: the trace is inconsistent"
+      )
+  return packer.release_all()
+
+
+class ReplayClock(clocks.Clock):
+  """The ticks of a recorded run (`check_replay`), in place of the timing model's."""
+
+  def __init__(self, ticks: list[Tick], cluster: timing.Cluster, model_bytes, seed, sent_bytes):
+    super().__init__(cluster, len(ticks[0].local), model_bytes, seed, sent_bytes)
+    for tick in ticks:
+      tick.bytes_sent = tick.requests * self.sent_bytes  # what each request carried
+    self._ticks = ticks
+    self._position = 0
+
+  def _advance(self) -> Tick:
+    tick = self._ticks[self._position]
+    self._position += 1
+    tick.time = max(tick.time, self.time)
+    return tick
+
+  def state_dict(self):
+    return {**super().state_dict(), "position": self._position}
+
+  def load_state_dict(self, state):
+    super().load_state_dict(state)
+    self._position = int(state["position"])

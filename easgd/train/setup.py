@@ -1,0 +1,135 @@
+"""What every run is built on: its checked inputs, dataset, mesh, model, loss,
+evaluator, checkpointer and training partitions (`setup`), before a runtime
+(easgd.train.runtimes) adds its state and programs."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import logging
+from jax.sharding import Mesh
+
+from easgd import evaluation, models, steps
+from easgd.config import schema, validation
+from easgd.data import stream
+from easgd.data.datasets import Dataset, load_dataset
+from easgd.errors import ConfigError
+from easgd.infra import checkpoint, sharding
+from easgd.rules import model_state
+
+
+@dataclasses.dataclass
+class Setup:
+  """What every run is built on: the training set split into `parts` partitions,
+  placed on `mesh` or streamed (`placement`)."""
+
+  config: ml_collections.ConfigDict
+  workdir: str
+  dataset: Dataset
+  mesh: Mesh
+  model: Any
+  loss_fn: Callable
+  init_params: Callable[[jax.Array], Any]  # key -> one model's tree
+  evaluator: evaluation.Evaluator
+  checkpointer: checkpoint.Checkpointer
+  placement: stream.Placement
+  # Placed: [parts, n, H, W, C] and [parts, n], split over the mesh; streamed: None.
+  train_images: jax.Array | None
+  train_labels: jax.Array | None
+
+  @property
+  def streamed(self) -> bool:
+    return self.placement.source == stream.STREAM
+
+  @property
+  def platform(self) -> str:
+    """The devices' platform ("cpu", "gpu", "tpu"), which picks the compiler options."""
+    return self.mesh.devices.flat[0].platform
+
+  def log_run(self, what: str) -> None:
+    """Logs what runs where: `what` names the algorithm and its units (workers, models)."""
+    dataset, mesh = self.dataset, self.mesh
+    logging.info(
+      "%s on %d %s devices (%d a device), %s on %s (%d train / %d test)",
+      what,
+      mesh.size,
+      mesh.devices.flat[0].platform,
+      schema.units(self.config) // mesh.size,
+      self.config.model,
+      dataset.name,
+      len(dataset.train_labels),
+      len(dataset.test_labels),
+    )
+
+
+def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) -> Dataset:
+  """The checks of what `config` names beyond itself: its dataset, the partitions
+  of it, and the checkpoint in `workdir`. Raises ConfigError; writes nothing.
+
+  `parts` is the number of training-set partitions. Returns the loaded dataset.
+  """
+  dataset = load_dataset(config.data.dataset, config.run.data_dir)
+  validation.validate_partition(config, len(dataset.train_labels), parts)
+  saved = checkpoint.saved_config(workdir)
+  if saved is not None:
+    validation.check_resumable(saved, config, workdir)
+  return dataset
+
+
+def setup(config: ml_collections.ConfigDict, workdir: str, runtime) -> Setup:
+  """Checks the inputs and builds the run's common parts for `runtime`, the Runtime
+  class that runs `config` (easgd.train.runtimes.select). It says how many
+  partitions the training set is split into, whether they may stream from disk,
+  and whether the run may span processes."""
+  num_devices = schema.resolve_devices(config, len(jax.devices()))
+  parts = runtime.partitions(config, num_devices)
+  dataset = check_inputs(config, workdir, parts)
+  if not runtime.spans_processes and jax.process_count() > 1:
+    raise ConfigError(
+      f"config.runtime={config.runtime!r}: the {runtime.name} runtime runs on one host; this "
+      f"run has {jax.process_count()} processes: choose a runtime that spans processes "
+      "(docs/asynchrony.md, 'Beyond one host')"
+    )
+  mesh = sharding.make_mesh(num_devices)
+  model = models.get_model(config.model, dataset.num_classes, config.dtype)
+  normalize = steps.make_normalize(dataset)
+  sample = jnp.zeros((1, *dataset.train_images.shape[1:]))
+
+  def init_params(key):
+    return model_state.model_tree(model.init(key, sample))
+
+  placement = stream.choose(
+    config.data, dataset.train_images.shape[1:], len(dataset.train_labels), parts, num_devices
+  )
+  if placement.source == stream.STREAM and not runtime.streams:
+    raise ConfigError(
+      f"config.data.source={config.data.source!r}: the {runtime.name} runtime reads its "
+      f"batches from partitions kept on the devices and cannot stream ({placement.reason}); "
+      "use data.source=device"
+    )
+  logging.info("training data: %s (%s)", placement.source, placement.reason)
+  train_images = train_labels = None
+  if placement.source == stream.DEVICE:
+    train_images, train_labels = sharding.place_partitions(
+      mesh, dataset.train_images, dataset.train_labels, parts, config.seed
+    )
+  evaluator = evaluation.Evaluator(
+    mesh, steps.make_apply_fn(model, normalize), dataset.test_images, dataset.test_labels
+  )
+  return Setup(
+    config=config,
+    workdir=workdir,
+    dataset=dataset,
+    mesh=mesh,
+    model=model,
+    loss_fn=steps.make_loss_fn(model, normalize),
+    init_params=init_params,
+    evaluator=evaluator,
+    checkpointer=checkpoint.Checkpointer(workdir),
+    placement=placement,
+    train_images=train_images,
+    train_labels=train_labels,
+  )

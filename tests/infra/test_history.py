@@ -1,0 +1,98 @@
+"""A run killed at any moment and resumed has the TensorBoard history and the final state
+of one never stopped."""
+
+import json
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+
+from runs import read_state, small_flags, train
+
+pytestmark = pytest.mark.e2e  # whole train.py runs, killed and resumed
+
+# Logs every 5 steps and checkpoints every 10, so that a kill right after a
+# checkpoint leaves logged steps past it that the resumed run logs again.
+FLAGS = small_flags({"run.log_every": 5, "run.eval_every": 10})
+TIMING_TAGS = {"train/images_per_sec"}  # wall-clock time: never equal between runs
+CLOCK = "checkpoints/40/clock/metadata"  # the timing model's state at the end
+
+
+def history(workdir) -> dict[str, list[tuple[int, float]]]:
+  """Every scalar tag's (step, value) points as TensorBoard reads them."""
+  accumulator = event_accumulator.EventAccumulator(str(workdir), size_guidance={"scalars": 0})
+  accumulator.Reload()
+  return {
+    tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
+    for tag in accumulator.Tags()["scalars"]
+    if tag not in TIMING_TAGS
+  }
+
+
+def kill_right_after_checkpoint(workdir, step: int) -> None:
+  """Starts the run and SIGKILLs it the moment checkpoint `step` becomes visible."""
+  process = train(workdir, *FLAGS)
+  target = os.path.join(workdir, "checkpoints", str(step))
+  deadline = time.monotonic() + 120
+  while not os.path.isdir(target):
+    assert time.monotonic() < deadline and process.popen.poll() is None, process.tail()
+    time.sleep(0.0005)
+  process.popen.send_signal(signal.SIGKILL)
+  assert process.wait(timeout=30) == -signal.SIGKILL
+
+
+def kill_after_a_logged_step(workdir, step: int) -> None:
+  """Starts the run and SIGKILLs it once step `step` (past a checkpoint) has been
+  logged and written: the resumed run logs that step again."""
+  process = train(workdir, *FLAGS)
+  process.wait_for(rf"step {step}/", 120)
+  time.sleep(0.2)  # the loop writes the step's events right after its log line
+  process.popen.send_signal(signal.SIGKILL)
+  assert process.wait(timeout=30) == -signal.SIGKILL
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """The run never stopped: its history, its final state and its clock."""
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  assert train(workdir, *FLAGS).wait(timeout=300) == 0
+  final = read_state(workdir / "checkpoints" / "40" / "state")
+  return history(workdir), final, (workdir / CLOCK).read_text()
+
+
+@pytest.mark.parametrize(
+  "kill,killed_after",
+  [
+    (kill_right_after_checkpoint, 20),
+    (kill_after_a_logged_step, 25),
+  ],
+)
+def test_history_is_whole_after_a_kill(tmp_path, uninterrupted, kill, killed_after):
+  uninterrupted, final, clock = uninterrupted
+  kill(tmp_path, killed_after)
+  # Nothing of a step up to the last checkpoint was lost by the kill.
+  before = history(tmp_path)
+  checkpoint = killed_after - killed_after % 10
+  for tag, points in uninterrupted.items():
+    kept = [point for point in points if point[0] <= checkpoint]
+    assert before[tag][: len(kept)] == kept, tag
+  resumed = train(tmp_path, *FLAGS)
+  assert resumed.wait(timeout=300) == 0, resumed.tail()
+  # Resumed from the checkpoint the kill left, with steps still to train.
+  resumed_from = int(re.search(r"resumed from the checkpoint of step (\d+)", resumed.output())[1])
+  assert checkpoint <= resumed_from < 40
+  after = history(tmp_path)
+  assert set(after) == set(uninterrupted)
+  for tag, points in uninterrupted.items():
+    assert after[tag] == points, tag  # every step once, with the same value
+  # And the state: bit for bit the run never stopped.
+  resumed_final = read_state(tmp_path / "checkpoints" / "40" / "state")
+  assert len(resumed_final) == len(final) > 10
+  for a, b in zip(resumed_final, final, strict=True):
+    assert a.dtype == b.dtype and np.array_equal(a, b)
+  # The timing model went on where it stopped (and had moved: its time is not 0).
+  assert (tmp_path / CLOCK).read_text() == clock and json.loads(clock)["time"] > 0

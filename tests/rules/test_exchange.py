@@ -1,0 +1,125 @@
+"""Compressed exchanges: what a receiver gets of a message, its size, and rules sending it."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import test_parameter_server
+from test_outer import TAU, assert_follows, hyper
+from test_rules import ALPHA, ETA, make_problem, per_worker, run_rule
+
+import numpy_optim
+from easgd import rules
+from easgd.rules import exchange
+from easgd.train import trainer
+from least_squares import numpy_grad
+from runs import small_config
+
+
+def bfloat16_nearest_even(x):
+  """float32 -> the nearest bfloat16 (ties to even), back as float64: on the bits."""
+  bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+  bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+  return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def test_bfloat16_rounds_each_entry_to_the_nearest_even():
+  magnitudes = 10.0 ** np.arange(-5, 5).repeat(100)
+  values = (np.random.default_rng(0).normal(size=1000) * magnitudes).astype(np.float32)
+  received = np.asarray(exchange.compress({"v": jnp.asarray(values)}, "bfloat16", None)["v"])
+  np.testing.assert_array_equal(received, bfloat16_nearest_even(values).astype(np.float32))
+
+
+def test_int8_is_on_its_grid_within_one_step_and_unbiased():
+  rng = np.random.default_rng(1)
+  values = jnp.asarray(rng.normal(size=(6, 5)), jnp.float32)
+  scale = float(jnp.max(jnp.abs(values))) / 127
+  draws = np.stack([
+    np.asarray(exchange.compress({"v": values}, "int8", jax.random.PRNGKey(k))["v"])
+    for k in range(2000)
+  ])  # fmt: skip
+  steps = draws / scale
+  np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)
+  assert np.abs(steps).max() <= 127 + 1e-3
+  assert np.abs(draws - np.asarray(values)).max() < scale * (1 + 1e-5)
+  # E[Q(v)] = v: the mean of 2000 draws is within 4 standard errors (<= scale/2/sqrt(n)).
+  assert np.abs(draws.mean(axis=0) - np.asarray(values)).max() < 4 * scale / 2 / np.sqrt(2000)
+  # The key decides: the same key, the same message.
+  again = exchange.compress({"v": values}, "int8", jax.random.PRNGKey(7))["v"]
+  np.testing.assert_array_equal(np.asarray(again), draws[7])
+
+
+def test_a_zero_message_stays_zero():
+  zero = {"v": jnp.zeros((3, 3))}
+  for dtype in exchange.DTYPES:
+    assert not np.any(np.asarray(exchange.compress(zero, dtype, jax.random.PRNGKey(0))["v"]))
+
+
+def test_message_bytes_count_entries_and_scales():
+  tree = {"w": np.zeros((5, 3), np.float32), "b": np.zeros(3, np.float32)}
+  assert exchange.message_bytes(tree, "float32") == 4 * 18
+  assert exchange.message_bytes(tree, "bfloat16") == 2 * 18
+  assert exchange.message_bytes(tree, "int8") == 18 + 4 * 2
+
+
+@pytest.mark.parametrize("name,pull", [("sync_easgd", "elastic"), ("local_sgd", "reset")])
+def test_rules_send_what_bfloat16_keeps_of_their_differences(name, pull):
+  x0, batches = make_problem(num_workers=8)
+  actual = run_rule(name, hyper(exchange_dtype="bfloat16"), x0, batches, 4)
+  outer = numpy_optim.sgd(8 * ALPHA if pull == "elastic" else 1.0)
+  expected = numpy_optim.center_family(
+    x0, [per_worker(b) for b in batches], numpy_grad, numpy_optim.sgd(ETA), TAU, pull, outer,
+    alpha=ALPHA, sent=lambda d, t, i: {k: bfloat16_nearest_even(v) for k, v in d.items()},
+  )  # fmt: skip
+  assert_follows(actual, expected)
+
+
+def _final_centers(name, settings):
+  """The final center of `name` with `settings`, synchronous or on the parameter server's clock."""
+  if rules.RULES[name].parameter_server():
+    state, _ = test_parameter_server.final(name, settings, test_parameter_server.UNEQUAL)
+    return jax.tree.leaves(state.center)
+  x0, batches = make_problem(num_workers=settings.num_workers)
+  return jax.tree.leaves(run_rule(name, settings, x0, batches, 2)[-1].center)
+
+
+@pytest.mark.parametrize("name", ["sync_easgd", "diloco", "sync_sgd", "async_easgd", "downpour"])
+def test_int8_exchanges_train_close_to_float32_and_replay_bit_for_bit(name):
+  if rules.RULES[name].parameter_server():
+    settings = test_parameter_server.hyper_for(name)
+  else:
+    settings = hyper()
+  compressed = dataclasses.replace(settings, exchange_dtype="int8")
+  a, b = _final_centers(name, compressed), _final_centers(name, compressed)
+  exact = _final_centers(name, settings)
+  for x, y, z in zip(a, b, exact, strict=True):
+    np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(x, z)  # int8 was sent, ...
+    np.testing.assert_allclose(x, z, atol=0.05)  # ... and it trains alike
+
+
+@pytest.mark.parametrize("algorithm", ["sync_easgd", "async_easgd"])
+def test_the_bytes_a_run_reports_are_those_sent(tmp_path, algorithm):
+  """Counted from the model's entries and tensors: a compressed message out, the float32
+  result back (an all-reduce's two phases: each worker sends (P-1)/P of each)."""
+  reported = {}
+  for dtype in ("float32", "int8"):
+    overrides = {"outer.exchange_dtype": dtype, "run.checkpoint_every": 0}
+    overrides |= {"run.total_steps": 12, "run.log_every": 12}
+    config = small_config(overrides, algorithm=algorithm)
+    result = trainer.train_and_evaluate(config, str(tmp_path / dtype))
+    reported[dtype] = result.metrics["comm/bytes_per_worker"]
+    per_exchange = reported[dtype] / result.metrics["comm/exchanges_per_worker"]
+    reported[dtype, "each"] = per_exchange
+  leaves = jax.tree.leaves(result.state.center)
+  entries, tensors = sum(leaf.size for leaf in leaves), len(leaves)
+  int8 = entries + 4 * tensors
+  if algorithm == "sync_easgd":  # 4 workers, tau = 4: 3 all-reduces in 12 steps
+    assert result.metrics["comm/exchanges_per_worker"] == 3
+    np.testing.assert_allclose(reported["float32"], 3 * 2 * 3 / 4 * 4 * entries)
+    np.testing.assert_allclose(reported["int8"], 3 * 3 / 4 * (4 * entries + int8))
+  else:  # a request carries the worker's message; the float32 reply is the master's
+    np.testing.assert_allclose(reported["float32", "each"], 4 * entries)
+    np.testing.assert_allclose(reported["int8", "each"], int8)

@@ -1,0 +1,49 @@
+"""The center family's new rules train end to end and log the learning rate in force."""
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+
+import numpy_optim
+from easgd.train import trainer
+from runs import small_config
+
+pytestmark = pytest.mark.e2e  # whole runs
+
+
+@pytest.mark.parametrize("algorithm", ["diloco", "local_sgd", "lookahead"])
+def test_the_new_rules_learn_from_the_default_config(tmp_path, algorithm):
+  # The MLP, 4 workers, 100 steps: quick to compile; the default config's rules
+  # otherwise (python train.py --config.algorithm=diloco is LeNet-5's 0.971).
+  config = small_config(
+    {"run.total_steps": 100, "run.checkpoint_every": 0, "outer.moving_rate": 0.0},
+    algorithm=algorithm,
+  )
+  result = trainer.train_and_evaluate(config, str(tmp_path))
+  assert result.metrics["eval/center_accuracy"] >= 0.85, result.metrics
+  assert result.metrics["train/learning_rate"] == pytest.approx(config.optimizer.learning_rate)
+
+
+def test_a_schedule_is_logged_as_it_runs(tmp_path):
+  config = small_config(
+    {
+      "optimizer.name": "adamw",
+      "optimizer.learning_rate": 0.01,
+      "optimizer.schedule": "warmup_cosine",
+      "optimizer.warmup_steps": 10,
+      "outer.moving_rate": 0.0,  # the reset pull has no alpha
+      "run.log_every": 1,
+      "run.checkpoint_every": 0,
+    },
+    algorithm="diloco",
+  )
+  trainer.train_and_evaluate(config, str(tmp_path))
+  accumulator = event_accumulator.EventAccumulator(str(tmp_path))
+  accumulator.Reload()
+  logged = {event.step: event.value for event in accumulator.Scalars("train/learning_rate")}
+  rate = numpy_optim.warmup_cosine(0.01, 10, 40)
+  # The value logged at step s is the one step s - 1 took (t = s - 1 local steps before it).
+  assert sorted(logged) == list(range(1, 41))
+  np.testing.assert_allclose(
+    [logged[s] for s in range(1, 41)], [rate(s - 1) for s in range(1, 41)], rtol=1e-5, atol=1e-9
+  )

@@ -1,0 +1,100 @@
+"""The Runtime interface and its registry: which runtime runs a config, what each
+refuses, and a runtime added by one class and one registry line."""
+
+import jax
+import numpy as np
+import pytest
+
+from easgd.errors import ConfigError
+from easgd.rules import RULES
+from easgd.train import runtimes, trainer
+from easgd.train.runtimes.rule_runtime import RuleRuntime
+from easgd.train.runtimes.simulated import RuleTrainee
+from runs import config_with, small_config
+
+
+@pytest.mark.parametrize(
+  ("algorithm", "runtime", "chosen"),
+  [
+    ("sync_easgd", "simulated", "simulated"),
+    ("async_easgd", "simulated", "simulated"),
+    ("async_easgd", "threads", "threads"),
+    ("pipeline", "simulated", "pipeline"),
+  ],
+)
+def test_the_registry_picks_the_runtime_the_config_names_or_its_algorithm_needs(
+  algorithm, runtime, chosen
+):
+  config = config_with({"runtime": runtime}, algorithm=algorithm)
+  assert runtimes.select(config).name == chosen
+
+
+@pytest.mark.parametrize(
+  ("algorithm", "runtime", "message"),
+  [
+    ("sync_easgd", "mpi", r"^config.runtime='mpi' is invalid: valid: simulated, threads$"),
+    ("sync_easgd", "pipeline", r"^config.runtime='pipeline' is invalid: valid: simulated, threads"),
+    (
+      "diloco",
+      "threads",
+      r"^config.runtime='threads' is invalid: threads runs the parameter-server rules \(.*\); "
+      r"diloco runs on simulated$",
+    ),
+    ("pipeline", "threads", r"^config.runtime='threads' is invalid: the pipeline runs on a"),
+  ],
+)
+def test_a_runtime_that_does_not_run_the_algorithm_is_refused_in_one_line(
+  algorithm, runtime, message
+):
+  with pytest.raises(ConfigError, match=message):
+    runtimes.select(config_with({"runtime": runtime}, algorithm=algorithm))
+
+
+def test_every_rule_has_a_runtime_and_every_runtime_declares_itself():
+  for algorithm in RULES:
+    assert "simulated" in [
+      name for name, runtime in runtimes.RUNTIMES.items() if algorithm in runtime.algorithms()
+    ]
+  for name, runtime in runtimes.RUNTIMES.items():
+    assert runtime.name == name
+    assert runtime.algorithms()
+    assert isinstance(runtime.spans_processes, bool) and isinstance(runtime.streams, bool)
+
+
+class LockStep(RuleRuntime):
+  """A toy runtime: the synchronous rules, every worker stepping every tick as the
+  simulated runtime's own clock has them."""
+
+  name = "lockstep"
+  spans_processes = False
+  streams = False
+  trainees: list = []  # what it built, for the test to see
+
+  @classmethod
+  def algorithms(cls):
+    return tuple(name for name, rule in RULES.items() if not rule.parameter_server())
+
+  def trainee(self, state, clock_state, resumed_at):
+    config = self.setup.config
+    clock = self.rule.make_clock(self.cluster, self.model_bytes, config.seed, self.sent_bytes)
+    if clock_state is not None:
+      clock.load_state_dict(clock_state)
+    self.trainees.append(RuleTrainee(self.setup, self.rule, state, clock, resumed_at))
+    return self.trainees[-1]
+
+
+def test_a_runtime_is_one_class_and_one_registry_line(tmp_path, monkeypatch):
+  monkeypatch.setitem(runtimes.RUNTIMES, LockStep.name, LockStep)  # the registry line
+  assert "lockstep" in runtimes.named()
+  overrides = {"run.total_steps": 6, "run.eval_every": 6, "run.checkpoint_every": 3}
+  toy = trainer.train_and_evaluate(
+    small_config(overrides, runtime="lockstep"), str(tmp_path / "toy")
+  )
+  assert LockStep.trainees, "the loop did not drive the toy runtime's trainee"
+  plain = trainer.train_and_evaluate(small_config(overrides), str(tmp_path / "simulated"))
+  for a, b in zip(jax.tree.leaves(toy.state), jax.tree.leaves(plain.state), strict=True):
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+  assert toy.metrics["eval/center_accuracy"] == plain.metrics["eval/center_accuracy"]
+  refusal = r"lockstep runs .*sync_easgd.*; async_easgd runs on simulated, threads$"
+  with pytest.raises(ConfigError, match=refusal):
+    runtimes.select(config_with({"runtime": "lockstep"}, algorithm="async_easgd"))

@@ -1,0 +1,264 @@
+"""runtime=threads: workers in threads of their own, the trace they record, and its
+replay by the simulated runtime to the same bits."""
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+
+from easgd.errors import ConfigError, WorkerFailed
+from easgd.train import trainer
+from easgd.train.runtimes import trace, workers
+from runs import config_with, read_state, steps_saved, train
+
+# 24 ticks of the MLP, checkpoints at 12 and 24.
+RUN = {
+  "model": "mlp",
+  "outer.moving_rate": 0.2,
+  "run.total_steps": 24,
+  "run.log_every": 12,
+  "run.eval_every": 12,
+  "run.checkpoint_every": 12,
+}
+
+
+def _config(algorithm, workers, **overrides):
+  values = {**RUN, "run.devices": workers, **overrides}
+  return config_with(values, algorithm=algorithm, workers=workers)
+
+
+def _record_and_replay(tmp_path, config):
+  """Trains `config` under runtime=threads, then replays its trace; returns both
+  workdirs."""
+  real, replay = tmp_path / "real", tmp_path / "replay"
+  config.runtime = "threads"
+  trainer.train_and_evaluate(config, str(real))
+  config.runtime = "simulated"
+  config.cluster.replay = str(real / trace.FILE)
+  trainer.train_and_evaluate(config, str(replay))
+  return real, replay
+
+
+def _assert_same_bits(a_dir, b_dir, step):
+  a = read_state(a_dir / "checkpoints" / str(step) / "state")
+  b = read_state(b_dir / "checkpoints" / str(step) / "state")
+  assert len(a) == len(b) > 10
+  for x, y in zip(a, b, strict=True):
+    assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
+@pytest.mark.parametrize(
+  ("algorithm", "workers", "straggler"),
+  [
+    ("async_easgd", 2, False),  # fcfs; the default config's LeNet-5
+    ("original_easgd", 4, False),  # round robin (a straggler holds up every round)
+    ("hogwild_easgd", 2, True),  # no lock
+    ("hogwild_sgd", 4, True),
+  ],
+)
+def test_a_recorded_run_replays_to_the_same_bits(tmp_path, algorithm, workers, straggler):
+  overrides = {"cluster.stragglers": (1,), "cluster.straggler_slowdown": 3.0} if straggler else {}
+  if algorithm == "async_easgd":
+    overrides |= {"model": "lenet5", "outer.moving_rate": 0.0}  # the default's
+  config = _config(algorithm, workers, **overrides)
+  real, replay = _record_and_replay(tmp_path, config)
+  for step in (12, 24):  # every checkpoint is a cut of the same tick
+    _assert_same_bits(real, replay, step)
+  recorded = trace.read(str(real / trace.FILE))
+  local_steps = np.bincount([e.worker for e in recorded.events if e.local], minlength=workers)
+  saved = read_state(real / "checkpoints" / "24" / "state")
+  worker_steps = next(leaf for leaf in saved if leaf.shape == (workers,) and leaf.dtype == np.int32)
+  np.testing.assert_array_equal(local_steps, worker_steps)
+  if straggler:
+    # Three times slower for real: it takes fewer steps in the same ticks.
+    assert worker_steps[1] < worker_steps.max()
+
+
+def test_the_trace_holds_every_master_operation_in_order(tmp_path):
+  config = _config("hogwild_easgd", 2)
+  config.runtime = "threads"
+  trainer.train_and_evaluate(config, str(tmp_path))
+  recorded = trace.read(str(tmp_path / trace.FILE))
+  assert recorded.ticks == 24
+  assert recorded.header["config"]["outer.moving_rate"] == 0.2
+  writes = [e.wrote for e in recorded.events if e.wrote is not None]
+  assert writes == list(range(1, len(writes) + 1))  # each write makes the next version
+  reads = [e for e in recorded.events if e.op == "read"]
+  writes_of = [e for e in recorded.events if e.op == "write"]
+  # Every request: a READ, then its WRITE; every 4th local step exchanges (period 4).
+  for worker in (0, 1):
+    steps = sum(e.local for e in recorded.events if e.worker == worker)
+    assert sum(e.worker == worker for e in reads) == steps // 4
+  assert len(reads) == len(writes_of) > 0
+  for event in reads:
+    assert event.staleness >= 0 and event.wait >= 0 and event.read is not None
+  times = [e.time for e in recorded.events]
+  assert times == sorted(times)
+  # The measured scalars have the simulated runtime's tags.
+  accumulator = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
+  accumulator.Reload()
+  tags = accumulator.Tags()["scalars"]
+  assert "async/staleness" in accumulator.Tags()["histograms"]
+  for tag in ("sim/time", "async/staleness_mean", "async/queue_wait", "sim/worker_steps_min"):
+    assert tag in tags
+
+
+def test_a_failing_worker_stops_the_run_naming_it(tmp_path, monkeypatch):
+  compute = workers.Workers._compute
+
+  def failing(self, j, at, opt, base, step):
+    if j == 1 and step == 5:
+      raise FloatingPointError("injected")
+    return compute(self, j, at, opt, base, step)
+
+  monkeypatch.setattr(workers.Workers, "_compute", failing)
+  config = _config("async_easgd", 2, **{"run.total_steps": 200})
+  config.runtime = "threads"
+  started = time.monotonic()
+  failed = r"^worker 1 failed at its local step 5: FloatingPointError: injected$"
+  with pytest.raises(WorkerFailed, match=failed):
+    trainer.train_and_evaluate(config, str(tmp_path))
+  assert time.monotonic() - started < 60
+  assert not [t for t in threading.enumerate() if t.name.startswith("worker-")]
+
+
+def _trace_of(tmp_path):
+  config = _config("async_easgd", 2, **{"run.total_steps": 8, "run.checkpoint_every": 0})
+  config.runtime = "threads"
+  trainer.train_and_evaluate(config, str(tmp_path / "recorded"))
+  return config, tmp_path / "recorded" / trace.FILE
+
+
+def test_bad_replays_and_runtimes_are_refused_in_one_line(tmp_path):
+  config, path = _trace_of(tmp_path)
+  lines = path.read_text().splitlines(keepends=True)
+
+  def refused(config, pattern):
+    with pytest.raises(ConfigError, match=pattern) as error:
+      trainer.check(config)  # the fields, then the runtime's own checks (the replay's too)
+    assert "\n" not in str(error.value)
+
+  replay = config.copy_and_resolve_references()
+  replay.runtime = "simulated"
+  replay.cluster.replay = str(path)
+  trace.check_replay(replay)  # the trace of this configuration is accepted
+
+  missing = replay.copy_and_resolve_references()
+  missing.cluster.replay = str(tmp_path / "nowhere.jsonl")
+  refused(missing, r"does not exist")
+  for name, text, pattern in [
+    ("no_end.jsonl", "".join(lines[:-1]), "is truncated"),
+    ("cut.jsonl", "".join(lines)[:-30], "cut or malformed|truncated"),
+    ("empty.jsonl", "", "trace header"),
+    ("not_a_trace.jsonl", '{"kind": "end"}\n', "trace header"),
+    ("a_list.jsonl", "".join(lines[:1]) + "[1, 2]\n" + "".join(lines[1:]), "not a JSON object"),
+    ("bad_op.jsonl", "".join(lines).replace('"op": "local"', '"op": "fly"', 1), "with an op of"),
+    ("bad_worker.jsonl", "".join(lines).replace('"worker": 1', '"worker": 7', 1), "its 2 workers"),
+    ("no_ticks.jsonl", "".join(lines[:-1]) + '{"kind": "end", "events": 1}\n', "inconsistent"),
+    (
+      "reordered.jsonl",
+      "".join([lines[0], *lines[2:-1][::-1], lines[1], lines[-1]]),
+      "packs into|inconsistent",
+    ),
+  ]:
+    (tmp_path / name).write_text(text)
+    bad = replay.copy_and_resolve_references()
+    bad.cluster.replay = str(tmp_path / name)
+    refused(bad, pattern)
+  other = replay.copy_and_resolve_references()
+  other.outer.moving_rate = 0.1
+  refused(other, r"recorded with config.outer.moving_rate=0.2, this run has 0.1")
+  longer = replay.copy_and_resolve_references()
+  longer.run.total_steps = 9
+  refused(longer, r"holds 8 ticks; set run.total_steps=8")
+  # The timing model and the runtime are not part of what a trace is checked against.
+  faster = replay.copy_and_resolve_references()
+  faster.cluster.compute_time = 1.0
+  trace.check_replay(faster)
+
+  sync = _config("sync_easgd", 2)
+  sync.runtime = "threads"
+  refused(sync, r"^config.runtime='threads' is invalid: threads runs the parameter-server rules")
+  pipeline = _config("pipeline", 2)
+  pipeline.runtime = "threads"
+  refused(pipeline, r"^config.runtime='threads' is invalid")
+  both = _config("async_easgd", 2)
+  both.runtime = "threads"
+  both.cluster.replay = str(path)
+  refused(both, r"^config.cluster.replay=.* a replay drives runtime=simulated")
+  sync_replay = _config("sync_easgd", 2)
+  sync_replay.cluster.replay = str(path)
+  refused(sync_replay, r"sync_easgd has none")
+  unknown = _config("async_easgd", 2)
+  unknown.runtime = "processes"
+  refused(unknown, r"^config.runtime='processes' is invalid: valid: simulated, threads")
+
+
+@pytest.mark.e2e
+def test_train_py_refuses_a_missing_trace_writing_nothing(tmp_path):
+  workdir = tmp_path / "run"
+  run = train(
+    workdir,
+    "--config=configs/default.py",
+    "--config.algorithm=async_easgd",
+    f"--config.cluster.replay={tmp_path / 'missing.jsonl'}",
+  )
+  assert run.wait(120) == 2
+  assert run.output().strip().splitlines()[-1].startswith("error: cluster.replay=")
+  assert not workdir.exists()
+
+
+@pytest.mark.e2e
+def test_sigterm_and_kill_9_resume_to_the_bits_of_the_replay(tmp_path):
+  """A threads run stopped by SIGTERM (exit 0 within 30 s, a checkpoint) and by
+  kill -9 after a checkpoint resumes each time; the trace of the whole run, cut
+  back at each resume, replays to the final bits."""
+  flags = [
+    "--config=configs/default.py",
+    "--config.algorithm=async_easgd",
+    "--config.runtime=threads",
+    "--config.model=mlp",
+    "--config.workers=2",
+    "--config.run.devices=2",
+    "--config.outer.moving_rate=0.2",
+    "--config.run.total_steps=200",
+    "--config.run.log_every=10",
+    "--config.run.eval_every=0",
+    "--config.run.checkpoint_every=40",
+  ]
+  workdir = tmp_path / "real"
+  run = train(workdir, *flags)
+  run.wait_for(r"step 20/", 120)
+  run.popen.send_signal(signal.SIGTERM)
+  signalled = time.monotonic()
+  assert run.wait(60) == 0
+  assert time.monotonic() - signalled < 30
+  stopped = steps_saved(workdir)[-1]
+  assert 20 <= stopped < 200
+
+  run = train(workdir, *flags)
+  run.wait_for(r"step 130/", 120)  # the checkpoint of step 120 is committed by then
+  run.popen.kill()
+  run.popen.wait()
+  assert 120 <= steps_saved(workdir)[-1] < 200
+
+  run = train(workdir, *flags)
+  assert run.wait(180) == 0
+  replay = train(
+    tmp_path / "replay",
+    *[flag for flag in flags if "runtime" not in flag],
+    f"--config.cluster.replay={workdir / trace.FILE}",
+  )
+  assert replay.wait(180) == 0, replay.tail()
+  _assert_same_bits(workdir, tmp_path / "replay", 200)
+  events = [json.loads(line) for line in (workdir / trace.FILE).read_text().splitlines()]
+  assert [e["kind"] for e in events].count("header") == 1
+  assert events[-1] == {"kind": "end", "events": len(events) - 2, "ticks": 200}
+  shutil.rmtree(workdir)  # large
+  assert not os.path.exists(workdir)

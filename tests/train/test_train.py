@@ -1,0 +1,254 @@
+"""End to end: training, TensorBoard, TFDS, kill-and-resume, bad input, divergence."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import tensorflow_datasets as tfds
+from tensorboard.backend.event_processing import event_accumulator
+
+import runs
+from easgd.errors import TrainingDiverged
+from easgd.train import trainer
+from runs import assert_bfloat16_run_keeps_float32_state, config_with, small_flags
+
+# Whole runs, train.py or several processes: left out of the quick loop (-m 'not e2e').
+pytestmark = pytest.mark.e2e
+
+REPO = runs.REPO
+TAGS = {
+  "train/loss",
+  "train/accuracy",
+  "train/images_per_sec",
+  "train/learning_rate",
+  "eval/center_accuracy",
+  "eval/worker_accuracy",
+  "eval/consensus_distance",
+  "comm/bytes_per_worker",
+}
+
+
+def test_default_config_learns_in_300_steps_and_writes_tensorboard(tmp_path):
+  # No logging, evaluation or checkpoint before the end: 300 steps are queued
+  # with only the in-flight bound between them (collectives would deadlock
+  # past about 32 queued programs).
+  config = config_with(
+    {"run.total_steps": 300, "run.log_every": 0, "run.eval_every": 0, "run.checkpoint_every": 0}
+  )
+  result = trainer.train_and_evaluate(config, str(tmp_path))
+  assert result.metrics["eval/center_accuracy"] >= 0.9
+  assert result.metrics["eval/worker_accuracy"] >= 0.85
+  assert 0 < result.metrics["eval/consensus_distance"] < 0.5
+  accumulator = event_accumulator.EventAccumulator(str(tmp_path))
+  accumulator.Reload()
+  assert TAGS <= set(accumulator.Tags()["scalars"])
+  [bytes_event] = accumulator.Scalars("comm/bytes_per_worker")
+  # 300 steps, tau = 4: 75 ring all-reduces of 61,706 float32 parameters.
+  assert bytes_event.step == 300
+  assert bytes_event.value == pytest.approx(75 * 2 * 7 / 8 * 61706 * 4)
+  assert accumulator.Scalars("eval/center_accuracy")[-1].value == pytest.approx(
+    result.metrics["eval/center_accuracy"]
+  )
+
+
+def test_default_config_learns_in_bfloat16_and_saves_a_float32_state(tmp_path):
+  assert_bfloat16_run_keeps_float32_state(tmp_path)
+
+
+def test_async_rule_logs_its_simulated_cluster(tmp_path):
+  # Worker 7 is a straggler, 4x slower: it takes far fewer steps than the others.
+  config = config_with(
+    {"run.total_steps": 60, "run.log_every": 20, "run.eval_every": 60, "run.checkpoint_every": 0},
+    algorithm="async_easgd",
+  )
+  config.cluster.stragglers = (7,)
+  result = trainer.train_and_evaluate(config, str(tmp_path))
+  accumulator = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
+  accumulator.Reload()
+  async_tags = {
+    "sim/time",
+    "sim/worker_steps_min",
+    "sim/worker_steps_max",
+    "comm/exchanges_per_worker",
+    "async/staleness_mean",
+    "async/queue_wait",
+  }
+  assert TAGS | async_tags <= set(accumulator.Tags()["scalars"])
+  assert "async/staleness" in accumulator.Tags()["histograms"]
+  [_, _, last] = accumulator.Histograms("async/staleness")
+  assert last.step == 60 and last.histogram_value.num > 10
+  times = [event.value for event in accumulator.Scalars("sim/time")]
+  assert 0 < times[0] < times[1] < times[2]
+  metrics = result.metrics
+  assert metrics["sim/worker_steps_max"] == 60
+  assert metrics["sim/worker_steps_min"] < 0.5 * metrics["sim/worker_steps_max"]
+  assert metrics["eval/center_accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("algorithm,momentum", [("sync_sgd", 0.9), ("sync_measgd", 0.9)])
+def test_tfds_dataset_trains_under_mock_data(tmp_path, algorithm, momentum):
+  config = config_with(
+    {
+      "data.dataset": "mnist",
+      "optimizer.momentum": momentum,
+      "data.batch_size": 4,
+      "run.total_steps": 3,
+    },
+    algorithm=algorithm,
+  )
+  with tfds.testing.mock_data(num_examples=64):
+    result = trainer.train_and_evaluate(config, str(tmp_path))
+  assert np.isfinite(result.metrics["train/loss"])
+  assert os.path.isdir(tmp_path / "checkpoints" / "3")
+
+
+def test_divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+  config = config_with(
+    {
+      "optimizer.learning_rate": 1e6,
+      "run.total_steps": 50,
+      "run.checkpoint_every": 1,
+      "run.log_every": 1,
+    }
+  )
+  # The loss that stops being finite, or a state that does at a checkpoint
+  # (the loss of a step is taken before its update): whichever comes first.
+  stopped = r"(loss became (nan|inf) at step|state after step) (\d+)"
+  with pytest.raises(TrainingDiverged, match=stopped) as error:
+    trainer.train_and_evaluate(config, str(tmp_path))
+  bad_step = int(re.search(stopped, str(error.value)).group(3))
+  kept = sorted(int(name) for name in os.listdir(tmp_path / "checkpoints") if name.isdigit())
+  assert kept and kept[-1] == bad_step - 1
+  state = ocp.PyTreeCheckpointer().restore(tmp_path / "checkpoints" / str(kept[-1]) / "state")
+  assert all(np.isfinite(leaf).all() for leaf in _leaves(state) if leaf.dtype.kind == "f")
+  assert f"the checkpoint of step {kept[-1]} is kept" in str(error.value)
+
+
+def _leaves(tree):
+  if isinstance(tree, dict):
+    return [leaf for value in tree.values() for leaf in _leaves(value)]
+  if isinstance(tree, (list, tuple)):
+    return [leaf for value in tree for leaf in _leaves(value)]
+  return [np.asarray(tree)]
+
+
+def _train_cli(workdir, *overrides, wait=True):
+  command = [sys.executable, "train.py", f"--workdir={workdir}", *overrides]
+  if not wait:
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  return subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module", params=["pipeline"])
+def resumed_runs(request, tmp_path_factory):
+  """An uninterrupted run, and one killed with SIGKILL after a checkpoint and resumed.
+
+  The pipeline resumes its models in the slots where they were; sync_easgd is
+  killed and resumed in test_history.py (its history and state), and the
+  asynchronous rules' clocks are resumed in test_preemption.py.
+  """
+  run = small_flags(algorithm=request.param)
+  straight = tmp_path_factory.mktemp("straight")
+  assert _train_cli(straight, *run).returncode == 0
+  resumed = tmp_path_factory.mktemp("resumed")
+  process = _train_cli(resumed, *run, wait=False)
+  deadline = time.monotonic() + 120
+  while not os.path.isdir(resumed / "checkpoints" / "10") and time.monotonic() < deadline:
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  assert process.wait(timeout=30) == -signal.SIGKILL
+  killed_at = max(int(name) for name in os.listdir(resumed / "checkpoints") if name.isdigit())
+  assert killed_at < 40
+  finished = _train_cli(resumed, *run)
+  assert finished.returncode == 0, finished.stderr[-2000:]
+  assert "resumed from the checkpoint of step" in finished.stderr
+  return straight, resumed, run
+
+
+def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs):
+  straight, resumed, _ = resumed_runs
+  a = ocp.PyTreeCheckpointer().restore(straight / "checkpoints" / "40" / "state")
+  b = ocp.PyTreeCheckpointer().restore(resumed / "checkpoints" / "40" / "state")
+  leaves_a, leaves_b = _leaves(a), _leaves(b)
+  assert len(leaves_a) == len(leaves_b) > 10
+  for x, y in zip(leaves_a, leaves_b, strict=True):
+    assert x.dtype == y.dtype and np.array_equal(x, y)
+
+
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
+    (["--config.algorithm=easgd"], "config.algorithm='easgd' is invalid: valid: async_easgd"),
+    (["--config.data.batch_size=501"], "config.data.batch_size=501 is invalid: must be <= 500"),
+    (["--config.foo=1"], "config.foo does not exist"),
+    (["--config.optimizer.learning_rat=1"], "did you mean config.optimizer.learning_rate"),
+    (
+      ["--config.learning_rate=0.2"],
+      "config.learning_rate is now config.optimizer.learning_rate",
+    ),
+    (["--config.workers=abc"], "flag --config.workers=abc: invalid literal"),
+    (
+      ["--config.algorithm=pipeline", "--config.pipeline.stage_steps=0"],
+      "config.pipeline.stage_steps=0 is invalid: must be an integer >= 1",
+    ),
+    (
+      ["--config.outer.batch_stats=mean"],
+      "config.outer.batch_stats='mean' is invalid: valid: averaged, local",
+    ),
+    (
+      ["--num_processes=2", "--process_id=0", "--config.run.devices=3", "--config.workers=3"],
+      "config.run.devices=3 is invalid: must be a multiple of the 2 processes",
+    ),
+    (["--num_processes=2", "--process_id=2"], "--process_id=2 is invalid: must be in [0, 2)"),
+    (["--config=configs/nonexistent.py"], "--config 'configs/nonexistent.py' is not a file"),
+    (["--config=easgd/errors.py"], "--config 'easgd/errors.py' defines no get_config()"),
+    (["--config.seed=-1"], "config.seed=-1 is invalid: must be an integer in [0, 2**32)"),
+    (["--workdir="], "--workdir is empty"),
+    (["--workdir=README.md"], "--workdir='README.md' is not a directory"),
+    (["--workdir=README.md/run"], "lies under"),
+  ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides, message):
+  # One case of each kind of check; tests/test_validation.py has every message.
+  workdir = tmp_path / "run"
+  result = _train_cli(workdir, *overrides)
+  assert result.returncode == 2
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0]
+  assert result.stderr.rstrip().endswith(errors[0])
+  assert not workdir.exists()
+
+
+def test_workdir_of_another_configuration_is_refused_untouched(resumed_runs):
+  _, resumed, run = resumed_runs
+  before = sorted(os.listdir(resumed / "checkpoints"))
+  result = _train_cli(resumed, *run, "--config.optimizer.learning_rate=0.2")
+  assert result.returncode == 2
+  assert "holds a checkpoint of another configuration" in result.stderr
+  assert "config.optimizer.learning_rate is 0.1 there, 0.2 here" in result.stderr
+  assert sorted(os.listdir(resumed / "checkpoints")) == before
+
+
+@pytest.mark.e2e
+def test_without_a_workdir_each_algorithm_gets_its_own(tmp_path):
+  """runs/<algorithm> under the current directory: another rule starts afresh."""
+  train = os.path.join(REPO, "train.py")
+  for algorithm in ("sync_easgd", "local_sgd"):
+    overrides = {"run.total_steps": 2, "run.checkpoint_every": 0, "outer.moving_rate": 0.0}
+    flags = small_flags(overrides, algorithm=algorithm)
+    result = subprocess.run(
+      [sys.executable, train, *flags],
+      check=False,
+      cwd=tmp_path,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+  assert sorted(os.listdir(tmp_path / "runs")) == ["local_sgd", "sync_easgd"]
