@@ -103,14 +103,20 @@ def run_pipeline(points, plan, user_flags, workdir) -> list[dict]:
 
 def user_overrides(argv: list[str]) -> list[str]:
   """The command line's --config.FIELD overrides, each as --config.FIELD=VALUE (also
-  when given as --config.FIELD VALUE), for every point's train.py."""
+  when given as --config.FIELD VALUE, or a boolean as --config.FIELD or
+  --noconfig.FIELD), for every point's train.py."""
   overrides = []
   for index, arg in enumerate(argv):
-    if not arg.startswith("--config."):
+    name, equals, value = arg.lstrip("-").partition("=")
+    if not arg.startswith(("--config.", "--noconfig.")):
       continue
-    following = argv[index + 1] if index + 1 < len(argv) else "--"
-    spaced = "=" not in arg and not following.startswith("--")
-    overrides.append(f"{arg}={following}" if spaced else arg)
+    field = name.partition(".")[2]
+    if equals:
+      overrides.append(f"--config.{field}={value}")
+    elif cli.takes_value(name, flags.FLAGS):
+      overrides.append(f"--config.{field}={argv[index + 1]}")  # parse_flags saw a value
+    else:
+      overrides.append(f"--config.{field}={not name.startswith('no')}")
   return overrides
 
 

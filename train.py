@@ -51,8 +51,9 @@ def main(argv):
   # last one's checkpoint.
   workdir = _WORKDIR.value if _WORKDIR.value is not None else f"runs/{config.algorithm}"
   cli.check_workdir(workdir, inputs={"config.run.data_dir": config.run.data_dir})
-  if _COMPILATION_CACHE.value:
-    cli.check_workdir(_COMPILATION_CACHE.value, "--compilation_cache")
+  cache = compile_lib.cache_dir(_COMPILATION_CACHE.value)
+  if cache:
+    cli.check_workdir(cache, "--compilation_cache")
   problem = watchdog.check_timeout(watchdog.configured_timeout())
   if problem:
     cli.fail(problem)
@@ -77,7 +78,7 @@ def main(argv):
     distributed.initialize(processes)
     if backend == "cpu":  # accelerators are devices of their own
       sharding.configure_cpu_devices(devices // processes)
-    compile_lib.use_persistent_cache(_COMPILATION_CACHE.value)
+    compile_lib.use_persistent_cache(cache)
     result = trainer.train_and_evaluate(config, workdir, runtime)
   except ConfigError as error:
     cli.fail(str(error))

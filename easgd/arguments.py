@@ -6,10 +6,24 @@ A bad argument ends in `error: ...` on stderr and exit status 2.
 
 import argparse
 import errno
+import importlib.machinery
+import importlib.util
 import math
 import os
 import socket
 import sys
+
+
+def load_file(path: str, name: str):
+  """The module of the Python file `path`, not yet run (its loader runs it), whatever
+  the file's name ends with, as ml_collections reads a config file."""
+  loader = importlib.machinery.SourceFileLoader(name, path)
+  return importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+
+
+def first_line(error: Exception) -> str:
+  """An exception as one line: its type and its message's first line."""
+  return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
 
 
 def fail(message: str, code: int = 2):

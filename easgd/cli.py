@@ -8,7 +8,6 @@ config field, a required flag left out), and a UsageError from main is
 answered in one line too.
 """
 
-import importlib.util
 import os
 import re
 import socket
@@ -17,7 +16,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from easgd.arguments import check_workdir, fail, port_problem
+from easgd.arguments import check_workdir, fail, first_line, load_file, port_problem
 from easgd.config import schema
 
 __all__ = [
@@ -69,20 +68,24 @@ def _config_path(argv: list[str]) -> str | None:
 
 def _check_config_file(path: str) -> None:
   """One line and exit 2 unless `path` is a Python file that loads and has get_config()."""
-  file, _, _argument = path.partition(":")  # ml_collections' FILE:ARGUMENT form
-  if not os.path.isfile(path) and os.path.isfile(file):
-    path = file
+  file, colon, argument = path.partition(":")  # ml_collections' FILE:ARGUMENT form
+  given = ()
+  if colon and not os.path.isfile(path) and os.path.isfile(file):
+    path, given = file, (argument,)
   if not os.path.isfile(path):
     fail(f"--config {path!r} is not a file: give a config file (e.g. configs/default.py)")
-  spec = importlib.util.spec_from_file_location("config_file_check", path)
-  module = importlib.util.module_from_spec(spec)
+  module = load_file(path, "config_file_check")
   try:
-    spec.loader.exec_module(module)
+    module.__loader__.exec_module(module)
   except Exception as error:  # noqa: BLE001 (any failure of the user's file)
-    first = (str(error).splitlines() or [""])[0]
-    fail(f"--config {path!r} does not load: {type(error).__name__}: {first}")
+    fail(f"--config {path!r} does not load: {first_line(error)}")
   if not callable(getattr(module, "get_config", None)):
     fail(f"--config {path!r} defines no get_config(): a config file returns its config from it")
+  try:
+    module.get_config(*given)  # as ml_collections will call it
+  except Exception as error:  # noqa: BLE001 (any failure of the user's function)
+    called = f"get_config({argument!r})" if given else "get_config()"
+    fail(f"--config {path!r}: {called} raised {first_line(error)}")
 
 
 def define_config(default: str | None, help_text: str = "Config file."):
@@ -97,7 +100,7 @@ def define_config(default: str | None, help_text: str = "Config file."):
 _NO_FIELD = object()
 
 
-def _takes_value(name: str, flag_values: flags.FlagValues) -> bool | None:
+def takes_value(name: str, flag_values: flags.FlagValues) -> bool | None:
   """Whether the flag written `--name` reads the next argument as its value (None:
   absl knows no such flag). A config field's flag exists once --config is parsed:
   its type is the default config's."""
@@ -149,11 +152,11 @@ def _check_usage(argv: list[str], flag_values: flags.FlagValues) -> str | None:
       positional.append(token)
       continue
     name, equals, value = token.lstrip("-").partition("=")
-    takes_value = _takes_value(name, flag_values)
-    if takes_value is None:
+    value_follows = takes_value(name, flag_values)
+    if value_follows is None:
       unknown = True
       continue
-    if takes_value and not equals:
+    if value_follows and not equals:
       if index == len(argv) or argv[index].startswith("--"):
         example = "FILE" if name == "config" else "VALUE"
         fail(f"--{name} has no value: give --{name}={example}")

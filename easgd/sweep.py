@@ -11,7 +11,6 @@ in that run. `product(...)` builds the grid of all combinations.
 """
 
 import csv
-import importlib.util
 import itertools
 import math
 import os
@@ -19,6 +18,7 @@ import os
 import ml_collections
 from tensorboard.backend.event_processing import event_accumulator
 
+from easgd import arguments
 from easgd.config import schema
 from easgd.errors import ConfigError
 from easgd.train import trainer
@@ -73,10 +73,9 @@ def load_sweep(config_path: str) -> list[dict]:
   naming the file, what was found and what is allowed (one line)."""
   if not os.path.isfile(config_path):
     raise ConfigError(f"{config_path} is not a file: give a config file with a get_sweep()")
-  spec = importlib.util.spec_from_file_location("swept_config", config_path)
-  module = importlib.util.module_from_spec(spec)
+  module = arguments.load_file(config_path, "swept_config")
   try:
-    spec.loader.exec_module(module)
+    module.__loader__.exec_module(module)
   except Exception as error:  # noqa: BLE001 (any failure of the user's file)
     raise ConfigError(f"{config_path} does not load: {_failure(error)}") from None
   if not hasattr(module, "get_sweep"):

@@ -19,7 +19,7 @@ quarter of ResNet-20's step (bench/cpu/README.md). Here each sum is first a
 matrix-vector product over the leading (batch) axis, ones[n] @ x[n, rest],
 which XLA hands to its dot kernels, then a plain sum of the n-times shorter
 result; every output of the product adds only n entries, so the rounding stays
-near that of XLA's pairwise sums (tests/test_batch_norm.py). The gradient is
+near that of XLA's pairwise sums (tests/models/test_batch_norm.py). The gradient is
 written out so that it takes the two sums above and one elementwise pass. The
 parameters and statistics have Flax's names, shapes and dtypes (float32), so
 either module reads the other's variables. The sums take this form on the CPU

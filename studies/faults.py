@@ -56,7 +56,7 @@ def _corrupt(damage: str) -> Callable:
   return lambda d, a, p, _: inject.corrupt(d, a, p, damage)
 
 
-DISTRIBUTED = "tests/test_distributed.py::test_"
+DISTRIBUTED = "tests/infra/test_distributed.py::test_"
 FAULTS = [
   Fault(
     "SIGKILL to process 1 of 2",
@@ -84,14 +84,14 @@ FAULTS = [
     inject.SYNC,
     1,
     _kill(0),
-    "tests/test_history.py::test_history_is_whole_after_a_kill",
+    "tests/infra/test_history.py::test_history_is_whole_after_a_kill",
   ),
   Fault(
     "SIGKILL the instant a checkpoint appears",
     inject.SYNC,
     1,
     inject.kill_at_checkpoint,
-    "tests/test_history.py::test_history_is_whole_after_a_kill",
+    "tests/infra/test_history.py::test_history_is_whole_after_a_kill",
     history=True,
   ),
   Fault(
@@ -99,14 +99,14 @@ FAULTS = [
     schema.PIPELINE,
     1,
     inject.preempt,
-    "tests/test_preemption.py::test_preempted_run_resumes_bitwise",
+    "tests/infra/test_preemption.py::test_preempted_run_resumes_bitwise",
   ),
   Fault(
     "newest checkpoint truncated",
     inject.SYNC,
     1,
     _corrupt("truncate"),
-    "tests/test_checkpoint.py::test_a_corrupt_checkpoint_is_set_aside_and_the_one_before_resumed",
+    "tests/infra/test_checkpoint.py::test_a_corrupt_checkpoint_is_set_aside_and_the_one_before_resumed",
   ),
   Fault(
     "newest checkpoint truncated",
@@ -120,14 +120,14 @@ FAULTS = [
     inject.SYNC,
     1,
     _corrupt("flip"),
-    "tests/test_checkpoint.py::test_a_corrupt_checkpoint_is_set_aside_and_the_one_before_resumed",
+    "tests/infra/test_checkpoint.py::test_a_corrupt_checkpoint_is_set_aside_and_the_one_before_resumed",
   ),
   Fault(
     "process 1 of 2 hangs in a checkpoint",
     inject.SYNC,
     2,
     inject.hang,
-    "tests/test_watchdog.py::test_a_hung_checkpoint_stops_the_process_and_the_same_command_resumes",
+    "tests/infra/test_watchdog.py::test_a_hung_checkpoint_stops_the_process_and_the_same_command_resumes",
   ),
   Fault(
     "a host lost for good: process 1 of 2 killed, the rerun on the other alone",
@@ -144,7 +144,7 @@ FAULTS = [
     inject.SYNC,
     1,
     inject.diverge,
-    "tests/test_train.py::test_divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint",
+    "tests/train/test_train.py::test_divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint",
     rerun_flags=inject.DIVERGING,
   ),
   Fault(
@@ -152,7 +152,7 @@ FAULTS = [
     inject.SYNC,
     1,
     inject.bad_input,
-    "tests/test_bad_input.py",
+    "tests/config/test_bad_input.py",
     rerun="the right command",
   ),
 ]

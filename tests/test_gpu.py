@@ -115,7 +115,7 @@ def test_a_resumed_run_ends_bitwise_equal_to_an_uninterrupted_one(tmp_path, algo
 def test_threads_record_and_replay_to_the_same_trajectory(tmp_path, algorithm):
   """4 workers in threads of their own on the one GPU, then the trace replayed.
 
-  On the CPU the replay reaches the same bits (tests/test_threads.py). XLA:GPU
+  On the CPU the replay reaches the same bits (tests/train/runtimes/test_threads.py). XLA:GPU
   fuses a worker's own program and the tick program that replays it
   otherwise, and rounds some sums differently: on an H200 (jax 0.11.2) the
   checkpoints of step 24 differed in the last bit of some entries. The replay

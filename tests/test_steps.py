@@ -46,6 +46,7 @@ def _train(num_devices, algorithm, steps_count=2):
   return jax.device_get(state), jax.device_get(metrics)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
   "algorithm,steps_count",
   [("sync_measgd", 3), ("sync_sgd", 1), ("async_measgd", 4), ("hogwild_sgd", 3)],
@@ -85,12 +86,14 @@ def test_a_sum_in_worker_order_is_the_same_bits_on_every_layout(num_devices):
   assert np.array_equal(np.asarray(ordered(sharding.place(mesh, terms, P(AXIS)))), expected)
 
 
+@pytest.mark.e2e
 def test_workers_see_different_batches():
   state, _ = _train(8, "sync_measgd", steps_count=1)
   first_layer = state.workers["fc1"]["kernel"]
   assert not np.allclose(first_layer[0], first_layer[1])
 
 
+@pytest.mark.e2e
 def test_the_gpus_worker_by_worker_local_step_equals_the_vmapped_one():
   """map_workers' GPU form (one call per worker) computes what vmap computes: LeNet-5's
   loss and gradients of 3 workers with weights of their own."""

@@ -15,13 +15,15 @@ A jaxlib that does not know an option rejects it; the program is then
 compiled without it and one line says so.
 
 Compiled programs are kept on disk by JAX's persistent compilation cache
-(`use_persistent_cache`, on by default in train.py and the planner).
+(`use_persistent_cache`, on by default in train.py, and so in every sweep's
+points).
 """
 
 import os
 
 import jax
 from absl import logging
+from jax.experimental.compilation_cache import compilation_cache
 
 # Per platform: the options every training program is compiled with.
 OPTIONS: dict[str, dict[str, str]] = {
@@ -70,20 +72,27 @@ def default_cache_dir() -> str:
   return os.path.join(base, "easgd", "jax")
 
 
-def use_persistent_cache(directory: str | None) -> str:
-  """Keeps compiled programs on disk, so that a sweep's points, a rerun and a resumed
-  run compile each program once; returns the folder, or "" when it is off.
-
-  directory: the folder, "" for off, or None for JAX_COMPILATION_CACHE_DIR if it
-  is set, else `default_cache_dir()`. A program's entry is keyed by its HLO, the
-  compiler options and the backend: a cached program computes the same bits as
-  a compiled one. Called before the first compilation.
-  """
+def cache_dir(directory: str | None) -> str:
+  """The folder compiled programs are kept in, absolute ("" for none): `directory`
+  ("" for none), or for None JAX_COMPILATION_CACHE_DIR if it is set, else
+  `default_cache_dir()`."""
   if directory is None:
     directory = os.environ.get(CACHE_VARIABLE, default_cache_dir())
+  return os.path.abspath(os.path.expanduser(directory)) if directory else ""
+
+
+def use_persistent_cache(directory: str) -> None:
+  """Keeps compiled programs in `directory` (`cache_dir`'s answer; "" turns the cache
+  off), so that a sweep's points, a rerun and a resumed run compile each program
+  once. An entry is keyed by the program's HLO, the compiler options and the
+  backend: a cached program computes the same bits as a compiled one. Nothing
+  is evicted (JAX's size limit needs the filelock package): the folder grows
+  with every new program, and deleting it is safe."""
+  # JAX opens its cache at the first compilation and keeps it: closed here, it is
+  # opened again, under these settings, at the next.
+  compilation_cache.reset_cache()
   if not directory:
     jax.config.update("jax_enable_compilation_cache", False)
-    return ""
+    return
   jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", directory)
-  return directory

@@ -12,7 +12,7 @@ before it stopped. Its new event file opens with a SessionLog START at step
 s + 1: TensorBoard then hides the earlier files' points from step s + 1 on
 (the run logs those steps again; its reader also purges a tag's later points
 when that tag's steps go backwards), and the history shows each step once,
-as an uninterrupted run's would (tests/test_history.py). An event file cut
+as an uninterrupted run's would (tests/infra/test_history.py). An event file cut
 off mid-record by a kill is read up to its last whole record; such a record
 is always past the last checkpoint, and so among the hidden ones.
 """

@@ -85,13 +85,14 @@ def make_gpu_deterministic() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --{GPU_DETERMINISM}=true".strip()
 
 
-def _not_an_absent_backend(record: logging.LogRecord) -> bool:
+def _not_an_absent_tpu(record: logging.LogRecord) -> bool:
   return not (
-    record.levelno < logging.WARNING and "Unable to initialize backend" in record.getMessage()
+    record.levelno < logging.WARNING and "Unable to initialize backend 'tpu'" in record.getMessage()
   )
 
 
 def quiet_absent_backends() -> None:
-  """Keeps out of the log JAX's INFO line for each backend it tried and could not
-  start (libtpu.so on a machine without a TPU): nothing is wrong with the run."""
-  logging.getLogger("jax._src.xla_bridge").addFilter(_not_an_absent_backend)
+  """Keeps out of the log JAX's INFO line that it could not start the TPU backend
+  (libtpu.so on a machine without a TPU): nothing is wrong with the run. A GPU's
+  backend that fails to start is still said."""
+  logging.getLogger("jax._src.xla_bridge").addFilter(_not_an_absent_tpu)

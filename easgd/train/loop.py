@@ -244,16 +244,18 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
       with dog.phase("step results", step):
         consume(len(pending))
       train_seconds += time.perf_counter() - resumed_at
+      now: dict[str, float] = {}  # this step's values, for the progress line
       if log_now:
         with dog.phase("log", step):
-          final.update(trainee.log(step, train_seconds))
+          now.update(trainee.log(step, train_seconds))
         train_seconds = 0.0
       if eval_now:
         with dog.phase("evaluation", step):
-          final.update(trainee.evaluate(step))
+          now.update(trainee.evaluate(step))
         evaluated = True
-      if log_now or eval_now:
-        progress.report(step, final)
+      if now:
+        final.update(now)
+        progress.report(step, now)
       # Every point logged so far is on disk before the checkpoint that covers
       # it is committed: a run killed after the checkpoint loses no history.
       with dog.phase("event write", step):

@@ -1,9 +1,12 @@
 """Training programs compile with the platform's options, and without them if rejected."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging as absl_logging
+from jax.experimental.compilation_cache import compilation_cache
 
 from easgd.infra import compile as compile_lib
 
@@ -32,3 +35,31 @@ def test_a_rejected_option_falls_back_to_the_default_with_one_line(caplog):
   assert len(warnings) == 1
   assert "xla_cpu_experimental_ynn_fusion_type=NO_SUCH_FUSION_TYPE" in warnings[0].getMessage()
   assert np.array_equal(compiled(x), again(x))
+
+
+def test_the_cache_folder_is_the_flag_s_else_jax_s_variable_else_the_user_s_cache(monkeypatch):
+  monkeypatch.setenv("XDG_CACHE_HOME", "/cache/home")
+  monkeypatch.delenv(compile_lib.CACHE_VARIABLE, raising=False)
+  assert compile_lib.cache_dir(None) == "/cache/home/easgd/jax"
+  monkeypatch.setenv(compile_lib.CACHE_VARIABLE, "/elsewhere")
+  assert compile_lib.cache_dir(None) == "/elsewhere"
+  assert compile_lib.cache_dir("") == ""  # off, whatever the variable says
+  monkeypatch.setenv("HOME", "/home/user")
+  assert compile_lib.cache_dir("~/cache") == "/home/user/cache"
+  assert compile_lib.cache_dir("relative") == os.path.join(os.getcwd(), "relative")
+
+
+def test_a_compiled_program_is_kept_in_the_cache_folder_and_off_means_off(tmp_path):
+  names = ("jax_enable_compilation_cache", "jax_compilation_cache_dir")
+  before = {name: getattr(jax.config, name) for name in names}
+  program = jax.jit(lambda x: jnp.tanh(x) * 3.0 + 1.0).lower(jnp.ones((7, 5)))
+  try:
+    compile_lib.use_persistent_cache(str(tmp_path / "on"))
+    compile_lib.compile_program(program, "cpu")
+    assert os.listdir(tmp_path / "on")
+    compile_lib.use_persistent_cache("")
+    assert not jax.config.jax_enable_compilation_cache
+  finally:  # the session's cache again (tests/conftest.py)
+    for name, value in before.items():
+      jax.config.update(name, value)
+    compilation_cache.reset_cache()

@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import importlib.util
+import logging as std_logging
 import os
 
 import pytest
@@ -61,3 +62,20 @@ def test_gpu_determinism_is_asked_for_once_and_a_users_choice_kept(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=false")
   platform.make_gpu_deterministic()
   assert os.environ["XLA_FLAGS"] == "--xla_gpu_deterministic_ops=false"
+
+
+def test_only_the_absent_tpu_s_info_line_is_kept_out_of_the_log():
+  record = std_logging.LogRecord
+  absent_tpu = record(
+    "x", std_logging.INFO, "", 0, "Unable to initialize backend 'tpu': no", (), None
+  )
+  absent_cuda = record(
+    "x", std_logging.INFO, "", 0, "Unable to initialize backend 'cuda': no", (), None
+  )
+  failing_tpu = record(
+    "x", std_logging.ERROR, "", 0, "Unable to initialize backend 'tpu'", (), None
+  )
+  assert not platform._not_an_absent_tpu(absent_tpu)
+  assert platform._not_an_absent_tpu(absent_cuda) and platform._not_an_absent_tpu(failing_tpu)
+  platform.quiet_absent_backends()
+  assert not std_logging.getLogger("jax._src.xla_bridge").filter(absent_tpu)

@@ -40,6 +40,7 @@ def test_max_pool_2x2_equals_reduce_window_bit_for_bit_ties_included(shape):
   assert np.count_nonzero(gradient(max_pool_2x2)) == np.count_nonzero(cotangent)
 
 
+@pytest.mark.e2e
 def test_lenet5_gradient_is_the_same_with_either_max_pool():
   """LeNet-5's default pool leaves its whole gradient bit for bit as reduce_window's."""
   rng = np.random.default_rng(0)
@@ -142,6 +143,7 @@ def test_materialize_is_the_identity_bit_for_bit_and_for_gradients():
   assert layers.materialize(jnp.arange(3)).dtype == jnp.arange(3).dtype
 
 
+@pytest.mark.e2e
 def test_resnet_gradient_is_the_same_with_its_activations_materialized(monkeypatch):
   rng = np.random.default_rng(3)
   batch = {

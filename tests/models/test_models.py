@@ -104,6 +104,7 @@ def test_bfloat16_computes_the_products_in_bfloat16_and_keeps_float32_state(name
   assert {str(leaf.dtype) for leaf in jax.tree.leaves(grads)} == {"float32"}
 
 
+@pytest.mark.e2e
 def test_bfloat16_lenet5_gives_the_float32_logits_to_bfloat16_rounding():
   """The same parameters in both dtypes (its one-channel convolution then takes
   XLA's convolution, its pool the custom gradient in bfloat16)."""
@@ -140,6 +141,7 @@ def _model(name, dtype):
   return models.get_model(name, 10, dtype)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
   "name,algorithm,dtype",
   [

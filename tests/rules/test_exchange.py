@@ -100,6 +100,7 @@ def test_int8_exchanges_train_close_to_float32_and_replay_bit_for_bit(name):
     np.testing.assert_allclose(x, z, atol=0.05)  # ... and it trains alike
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("algorithm", ["sync_easgd", "async_easgd"])
 def test_the_bytes_a_run_reports_are_those_sent(tmp_path, algorithm):
   """Counted from the model's entries and tensors: a compressed message out, the float32

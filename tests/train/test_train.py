@@ -215,7 +215,7 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
   ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides, message):
-  # One case of each kind of check; tests/test_validation.py has every message.
+  # One case of each kind of check; tests/config/test_validation.py has every message.
   workdir = tmp_path / "run"
   result = _train_cli(workdir, *overrides)
   assert result.returncode == 2

@@ -29,10 +29,11 @@ class Runtime(abc.ABC):
   chosen_by_algorithm: ClassVar[bool] = False
   # Whether a run may span several processes (jax.distributed).
   spans_processes: ClassVar[bool]
-  # Whether its training data may stream from disk (data.source=stream), and if
-  # not, why: it reads each unit's batches from partitions kept on the devices.
+  # Whether its training data may stream from disk (data.source=stream); a runtime
+  # that may not reads each unit's batches from partitions kept on the devices.
   streams: ClassVar[bool]
-  # The config fields (or groups) that only this runtime reads.
+  # The config fields that only this runtime reads: the registry refuses them set
+  # (away from their defaults) in a config that another runtime runs.
   reads: ClassVar[tuple[str, ...]] = ()
 
   @classmethod
@@ -68,7 +69,8 @@ class Runtime(abc.ABC):
 
   @abc.abstractmethod
   def init_state(self) -> Any:
-    """The training state at step 0, on the devices; a checkpoint restores into its shape."""
+    """The training state at step 0, on the devices; a checkpoint restores into its shape.
+    Called once, before `trainee`."""
 
   @abc.abstractmethod
   def trainee(self, state: Any, clock_state: dict | None, resumed_at: int | None) -> Trainee:

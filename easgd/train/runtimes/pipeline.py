@@ -176,7 +176,6 @@ class PipelineRuntime(Runtime):
   chosen_by_algorithm = True
   spans_processes = True
   streams = False  # one partition a device, kept there; the models move, not the data
-  reads = ("pipeline",)
 
   @classmethod
   def algorithms(cls) -> tuple[str, ...]:

@@ -17,6 +17,11 @@ from easgd.train import setup as setup_lib
 from easgd.train.runtimes.base import Runtime
 
 
+def parameter_server_rules() -> tuple[str, ...]:
+  """The rules whose workers exchange with a master, each at its own pace."""
+  return tuple(name for name, rule in RULES.items() if rule.parameter_server())
+
+
 class RuleRuntime(Runtime):
   """A runtime of the update rules (easgd.rules): one center, config.workers workers."""
 

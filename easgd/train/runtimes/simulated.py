@@ -20,7 +20,7 @@ from easgd.rules import RULES, Rule, TrainState
 from easgd.sim import clocks, ticks
 from easgd.train import setup as setup_lib
 from easgd.train.runtimes import trace
-from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime
+from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime, parameter_server_rules
 
 
 class RuleTrainee(RuleReports):
@@ -109,7 +109,7 @@ class SimulatedRuntime(RuleRuntime):
     one, and the trace must be one of this configuration."""
     replay = config.cluster.replay
     if replay:
-      server_rules = ", ".join(name for name, rule in RULES.items() if rule.parameter_server())
+      server_rules = ", ".join(parameter_server_rules())
       require(
         RULES[config.algorithm].parameter_server(),
         "cluster.replay",

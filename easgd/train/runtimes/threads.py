@@ -31,14 +31,14 @@ from easgd.config.optimizer_checks import require
 from easgd.data import augment as augment_lib
 from easgd.infra import sharding
 from easgd.infra.compile import compile_program
-from easgd.rules import AXIS, RULES, Rule, TrainState
+from easgd.rules import AXIS, Rule, TrainState
 from easgd.rules.base import exchange_key
 from easgd.sim import timing
 from easgd.train import loop
 from easgd.train import setup as setup_lib
 from easgd.train.runtimes import trace as trace_lib
 from easgd.train.runtimes.live_clock import LiveClock
-from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime
+from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime, parameter_server_rules
 from easgd.train.runtimes.workers import Rows, Workers
 
 
@@ -291,10 +291,6 @@ class ThreadsTrainee(RuleReports):
     super().close()
 
 
-def _server_rules() -> tuple[str, ...]:
-  return tuple(name for name, rule in RULES.items() if rule.parameter_server())
-
-
 class ThreadsRuntime(RuleRuntime):
   """The parameter-server rules, each worker in a thread of its own on one host."""
 
@@ -305,11 +301,11 @@ class ThreadsRuntime(RuleRuntime):
 
   @classmethod
   def algorithms(cls) -> tuple[str, ...]:
-    return _server_rules()
+    return parameter_server_rules()
 
   @classmethod
   def runs(cls) -> str:
-    return f"the parameter-server rules ({', '.join(_server_rules())})"
+    return f"the parameter-server rules ({', '.join(parameter_server_rules())})"
 
   @classmethod
   def check(cls, config: ml_collections.ConfigDict) -> None:

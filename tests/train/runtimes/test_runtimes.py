@@ -98,3 +98,13 @@ def test_a_runtime_is_one_class_and_one_registry_line(tmp_path, monkeypatch):
   refusal = r"lockstep runs .*sync_easgd.*; async_easgd runs on simulated, threads$"
   with pytest.raises(ConfigError, match=refusal):
     runtimes.select(config_with({"runtime": "lockstep"}, algorithm="async_easgd"))
+
+
+def test_a_field_only_another_runtime_reads_is_refused_not_ignored():
+  config = config_with({"cluster.replay": "trace.jsonl"}, algorithm="pipeline")
+  with pytest.raises(
+    ConfigError,
+    match=r"^config.cluster.replay='trace.jsonl' is invalid: only the simulated runtime reads "
+    r"it, and pipeline runs on pipeline here: leave it ''$",
+  ):
+    runtimes.select(config)

@@ -53,6 +53,7 @@ def _assert_same_bits(a_dir, b_dir, step):
     assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
   ("algorithm", "workers", "straggler"),
   [
@@ -80,6 +81,7 @@ def test_a_recorded_run_replays_to_the_same_bits(tmp_path, algorithm, workers, s
     assert worker_steps[1] < worker_steps.max()
 
 
+@pytest.mark.e2e
 def test_the_trace_holds_every_master_operation_in_order(tmp_path):
   config = _config("hogwild_easgd", 2)
   config.runtime = "threads"
@@ -109,6 +111,7 @@ def test_the_trace_holds_every_master_operation_in_order(tmp_path):
     assert tag in tags
 
 
+@pytest.mark.e2e
 def test_a_failing_worker_stops_the_run_naming_it(tmp_path, monkeypatch):
   compute = workers.Workers._compute
 
