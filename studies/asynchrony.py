@@ -252,20 +252,20 @@ def main():
     for rule in chosen:
       for seed in range(args.seeds):
         config = config_for(rule, args.total_steps, 25, seed, overrides)
-        trainer.check(config)
+        runtime = trainer.check(config)
         workdir = os.path.join(args.workdir, rule, f"seed_{seed}")
         saved = checkpoint.saved_config(workdir)
         if saved is not None:
           validation.check_resumable(saved, config, workdir)
-        runs[rule, seed] = config, workdir, saved
+        runs[rule, seed] = config, runtime, workdir, saved
   except (ValueError, TypeError) as error:
     arguments.fail(str(error))
 
   all_runs = {rule: [] for rule in chosen}
-  for number, ((rule, seed), (config, workdir, saved)) in enumerate(runs.items()):
+  for number, ((rule, seed), (config, runtime, workdir, saved)) in enumerate(runs.items()):
     if saved is None or saved_total_steps(saved) != args.total_steps:
       print(f"run {number + 1}/{len(runs)}: training {rule}, seed {seed} ...", flush=True)
-      trainer.train_and_evaluate(config, workdir)
+      trainer.train_and_evaluate(config, workdir, runtime)
     all_runs[rule].append(curves(workdir))
   all_scalars = {rule: mean_curves(runs) for rule, runs in all_runs.items()}
   common_time = min(max(v for _, v in s["sim/time"]) for s in all_scalars.values())

@@ -3,7 +3,7 @@ evaluator, checkpointer and training partitions (`setup`), before a runtime
 (easgd.train.runtimes) adds its state and programs."""
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -65,6 +65,11 @@ class Setup:
     )
 
 
+def _able(others: Sequence, can: str) -> list[str]:
+  """What a refusal offers in place of the runtime: the others that can ("runtime=X")."""
+  return [f"runtime={runtime.name}" for runtime in others if getattr(runtime, can)]
+
+
 def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) -> Dataset:
   """The checks of what `config` names beyond itself: its dataset, the partitions
   of it, and the checkpoint in `workdir`. Raises ConfigError; writes nothing.
@@ -79,18 +84,20 @@ def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) ->
   return dataset
 
 
-def setup(config: ml_collections.ConfigDict, workdir: str, runtime) -> Setup:
+def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequence = ()) -> Setup:
   """Checks the inputs and builds the run's common parts for `runtime`, the Runtime
   class that runs `config` (easgd.train.runtimes.select). It says how many
   partitions the training set is split into, whether they may stream from disk,
-  and whether the run may span processes."""
+  and whether the run may span processes. `others`: the other runtimes that
+  config.runtime may name for this algorithm, which a refusal names."""
   num_devices = schema.resolve_devices(config, len(jax.devices()))
   parts = runtime.partitions(config, num_devices)
   dataset = check_inputs(config, workdir, parts)
   if not runtime.spans_processes and jax.process_count() > 1:
     raise ConfigError(
       f"config.runtime={config.runtime!r}: the {runtime.name} runtime runs on one host; this "
-      f"run has {jax.process_count()} processes: choose a runtime that spans processes "
+      f"run has {jax.process_count()} processes: "
+      f"use {' or '.join(_able(others, 'spans_processes') or ['a runtime that spans them'])} "
       "(docs/asynchrony.md, 'Beyond one host')"
     )
   mesh = sharding.make_mesh(num_devices)
@@ -108,7 +115,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, runtime) -> Setup:
     raise ConfigError(
       f"config.data.source={config.data.source!r}: the {runtime.name} runtime reads its "
       f"batches from partitions kept on the devices and cannot stream ({placement.reason}); "
-      "use data.source=device"
+      f"use {' or '.join(['data.source=device', *_able(others, 'streams')])}"
     )
   logging.info("training data: %s (%s)", placement.source, placement.reason)
   train_images = train_labels = None

@@ -30,7 +30,7 @@ def train_and_evaluate(
   if runtime_class is None:
     runtime_class = check(config)
   config = ml_collections.FrozenConfigDict(config)
-  setup = setup_lib.setup(config, workdir, runtime_class)
+  setup = setup_lib.setup(config, workdir, runtime_class, runtimes.others(config, runtime_class))
   runtime = runtime_class(setup)
   setup.log_run(runtime.describe())
   state = runtime.init_state()

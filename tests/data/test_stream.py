@@ -241,6 +241,10 @@ def test_a_broken_records_folder_is_refused_in_one_line_before_anything_is_writt
       {"data.source": "stream", "algorithm": "pipeline"},
       "the pipeline runtime reads its batches from partitions kept on the devices and cannot",
     ),
+    (
+      {"data.source": "stream", "algorithm": "async_easgd", "runtime": "threads"},
+      r"the threads runtime .* cannot stream .*; use data.source=device or runtime=simulated$",
+    ),
   ],
 )
 def test_bad_stream_settings_are_refused_before_anything_is_written(tmp_path, overrides, message):

@@ -30,6 +30,15 @@ def named() -> tuple[str, ...]:
   return tuple(name for name, runtime in RUNTIMES.items() if not runtime.chosen_by_algorithm)
 
 
+def others(config: ml_collections.ConfigDict, chosen: type[Runtime]) -> list[type[Runtime]]:
+  """The runtimes other than `chosen` that config.runtime may name for config.algorithm."""
+  return [
+    RUNTIMES[name]
+    for name in named()
+    if RUNTIMES[name] is not chosen and config.algorithm in RUNTIMES[name].algorithms()
+  ]
+
+
 def select(config: ml_collections.ConfigDict) -> type[Runtime]:
   """The runtime that runs `config`, its own checks passed; raises ConfigError."""
   for runtime in RUNTIMES.values():
