@@ -124,7 +124,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)  # the runs log; the sweep says only where it is
-  config = cli.config_value(_CONFIG)
+  # Each point takes its own rule's defaults (sweep.check_points; its train.py
+  # run does the same): not those of the file's algorithm.
+  config = _CONFIG.value
   cli.check_workdir(_WORKDIR.value, inputs={"config.run.data_dir": config.run.data_dir})
   for name, made_by in sweep.SUMMARY_FILES.items():
     arguments.check_overwritable(os.path.join(_WORKDIR.value, name), made_by, at_start=True)

@@ -13,7 +13,7 @@ import re
 import socket
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from easgd.arguments import check_workdir, fail, first_line, load_file, port_problem
@@ -25,6 +25,7 @@ __all__ = [
   "config_value",
   "define_config",
   "fail",
+  "given_fields",
   "packaged_config",
   "parse_flags",
   "run",
@@ -52,8 +53,26 @@ def packaged_config(name: str) -> str:
 
 
 def config_value(holder):
-  """The --config flag's config (its file was checked by parse_flags)."""
-  return holder.value
+  """The --config flag's config (its file was checked by parse_flags), with the chosen
+  rule's own defaults where neither the file nor the command line set the field
+  (easgd.config.schema.with_rule_defaults); a log line names them."""
+  config = holder.value
+  applied = schema.with_rule_defaults(config, given_fields(sys.argv[1:]))
+  if applied:
+    values = ", ".join(f"config.{path}={value!r}" for path, value in applied.items())
+    logging.info("%s's own defaults: %s (set a field to override it)", config.algorithm, values)
+  return config
+
+
+def given_fields(argv: list[str]) -> set[str]:
+  """The config fields a command line sets (--config.FIELD=V, --config.FIELD V,
+  --noconfig.FIELD)."""
+  given = set()
+  for arg in argv:
+    for prefix in ("--config.", "--noconfig."):
+      if arg.startswith(prefix):
+        given.add(arg.removeprefix(prefix).partition("=")[0])
+  return given
 
 
 def _config_path(argv: list[str]) -> str | None:

@@ -1,4 +1,6 @@
-"""The errors train.py turns into one line and an exit status."""
+"""The errors train.py turns into one line and an exit status, and the one-line check."""
+
+import math
 
 
 class ConfigError(ValueError):
@@ -21,3 +23,19 @@ class CheckpointUnreadable(RuntimeError):
 class WorkerFailed(RuntimeError):
   """A worker thread of runtime=threads raised; the message names the worker, its
   step and the error. train.py exits with status 1."""
+
+
+def require(ok: bool, field: str, value, allowed: str) -> None:
+  """A ConfigError naming config.`field`, its `value` and what is `allowed`, unless `ok`."""
+  if not ok:
+    raise ConfigError(f"config.{field}={value!r} is invalid: {allowed}")
+
+
+def is_int(value) -> bool:
+  """An int that is not a bool."""
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+  """A finite int or float that is not a bool."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

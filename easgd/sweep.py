@@ -154,6 +154,7 @@ def check_points(
     folders[folder] = number
     try:
       swept = apply(config, point)
+      schema.with_rule_defaults(swept, set(point) | fixed)
       if each_valid:
         trainer.check(swept)
     except (TypeError, ValueError) as error:

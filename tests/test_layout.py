@@ -30,8 +30,6 @@ UPWARD = {
   ("easgd.infra.sharding", "easgd.data.datasets"),
   # A streamed batch is sampled by the same function as a placed one.
   ("easgd.data.stream", "easgd.steps"),
-  # The config's defaults are the packaged default config file.
-  ("easgd.config.schema", "easgd.configs.default"),
 }
 # Spelled in pieces so that this file does not name them itself.
 IMPORT_PATH = "sys." + "path"

@@ -1,91 +1,46 @@
-"""The grouped configuration: which fields a run's trajectory
-depends on, which may change on resume, which are hyper-parameters, and
-where the old flat names went.
+"""What the declared fields (easgd.config.fields) imply: which fields a run's
+trajectory depends on, which may change on resume, which are hyper-parameters,
+and where the old flat names went.
 
-Groups (configs/default.py; docs/configuration.md):
-  algorithm, model, workers, seed   what is trained, by whom
-  data.*                            the dataset and each worker's batches
-  optimizer.*                       the local step
-  outer.*                           the center and the exchanges with it
-  downpour.*                        Downpour's workers and master
-  pipeline.*                        the pipeline's models and stages
-  cluster.*                         the timing model (easgd.sim.timing)
-  device.*                          the device, for the planner only
-  run.*                             how long, where, what is reported
-
-Nothing here is a list of fields kept by hand: a field's role follows from
-its group and from what the algorithm declares it reads (`Rule.reads`, the
-pipeline's `READS`, `LAYOUT_READS` and `IGNORED_GROUPS`):
-  * `run.*`, `device.*` and where the data is read from (data.source,
-    data.device_budget) never change the trajectory (but the pipeline's
-    data is split one partition a device: `run.devices` shapes it; and a
-    learning-rate schedule spans `run.total_steps`, which then shapes it);
-  * the algorithm groups (optimizer, outer, downpour, pipeline) change it
-    only where the algorithm reads them;
-  * every other field always does.
-A checkpoint resumes under other values of the fields that do not change
-the trajectory, and only the fields that do are hyper-parameters.
+A field declares whether it shapes a trajectory (`fields.Shapes`): always,
+never (run.*, device.*, where the data is read from: these may change on
+resume), or only where the algorithm reads it (`Rule.reads`, the pipeline's
+`READS` and `LAYOUT_READS`): the optimizer, outer, downpour and pipeline
+groups, run.total_steps under a learning-rate schedule that spans it, and
+run.devices for the pipeline (one partition a device). The pipeline has no
+workers and no simulated cluster (`IGNORED_GROUPS`). A checkpoint resumes
+under other values of the fields that do not change the trajectory, and only
+the fields that do are hyper-parameters.
 """
 
 import difflib
 import functools
 import json
 import math
+from collections.abc import Iterable
 
 import ml_collections
 
+from easgd.config import fields
+from easgd.config.fields import ALGORITHMS, PIPELINE, Shapes
 from easgd.data import stream
 from easgd.pipeline import programs as pipeline_programs
 from easgd.rules import RULES, optimizers
 
-PIPELINE = "pipeline"
-ALGORITHMS = (*RULES, PIPELINE)
+__all__ = ["ALGORITHMS", "PIPELINE"]
+
 RUN_GROUPS = ("run", "device")
 # The run field a learning-rate schedule spans (easgd.rules.optimizers).
 SCHEDULE_HORIZON = "run.total_steps"
 ALGORITHM_GROUPS = ("optimizer", "outer", "downpour", "pipeline")
 
-# Flat names (of earlier versions, and the flat spellings of a few newer fields)
-# -> their grouped names.
-MOVED = {
-  "dataset": "data.dataset",
-  "data_dir": "run.data_dir",
-  "augment": "data.augment",
-  "batch_size": "data.batch_size",
-  "devices": "run.devices",
-  "learning_rate": "optimizer.learning_rate",
-  "momentum": "optimizer.momentum",
-  "nesterov": "optimizer.nesterov",
-  "weight_decay": "optimizer.weight_decay",
-  "comm_period": "outer.comm_period",
-  "moving_rate": "outer.moving_rate",
-  "batch_stats": "outer.batch_stats",
-  "exchange_dtype": "outer.exchange_dtype",
-  "schedule": "optimizer.schedule",
-  "warmup_steps": "optimizer.warmup_steps",
-  "n_sync": "downpour.n_sync",
-  "server_optimizer": "downpour.server_optimizer",
-  "models": "pipeline.models",
-  "stage_steps": "pipeline.stage_steps",
-  "per_model": "pipeline.per_model",
-  "cluster.device_memory": "device.memory",
-  "cluster.device_flops": "device.flops",
-  "total_steps": "run.total_steps",
-  "log_every": "run.log_every",
-  "eval_every": "run.eval_every",
-  "checkpoint_every": "run.checkpoint_every",
-  "profile": "run.profile",
-}
-
+# Old names (the flat ones of earlier versions, and the flat spellings of a few
+# newer fields) -> the grouped names, as the fields declare them.
+MOVED = {old: field.path for field in fields.FIELDS_DECLARED for old in field.formerly}
 
 # Fields added since, with the value that computes what the versions before them
 # did: a checkpoint whose config lacks one was written under that value.
-EARLIER_VALUES = {
-  "deterministic_sums": False,
-  "dtype": "float32",
-  "runtime": "simulated",
-  "cluster.replay": "",
-}
+EARLIER_VALUES = {field.path: field.earlier for field in fields.FIELDS_DECLARED if field.added}
 
 
 def hint(field: str) -> str:
@@ -94,7 +49,7 @@ def hint(field: str) -> str:
   new = moved(field)
   if new is not None:
     return f"config.{field} is now config.{new} (fields are grouped; docs/configuration.md)"
-  close = difflib.get_close_matches(field, list(flatten(default_config().to_dict())), n=3)
+  close = difflib.get_close_matches(field, list(fields.FIELDS), n=3)
   suggestion = f"; did you mean {' or '.join(f'config.{c}' for c in close)}?" if close else ""
   return f"config.{field} does not exist{suggestion}"
 
@@ -113,16 +68,38 @@ def moved(field: str) -> str | None:
   return None
 
 
-def default_config() -> ml_collections.ConfigDict:
-  """The configuration every config file starts from (configs/default.py)."""
-  from easgd.configs import default  # noqa: PLC0415 (configs import the package)
+def with_rule_defaults(
+  config: ml_collections.ConfigDict, given: Iterable[str] = ()
+) -> dict[str, object]:
+  """Sets, in place, the chosen rule's own defaults (`Rule.defaults`) of the fields
+  that neither the config file (the value is the default config's) nor the
+  command line (`given`: the dotted fields it set) changed. Returns what was set.
 
-  return default.get_config()
+  The default config's values suit the family (e.g. no momentum, learning
+  rate 0.1); a momentum rule brings its momentum and the learning rate that
+  trains with it, so that `--config.algorithm=X` alone trains every rule.
+  """
+  rule = RULES.get(config.algorithm)
+  if rule is None:
+    return {}
+  given, defaults = set(given), default_config()
+  applied = {}
+  for path, value in rule.defaults.items():
+    if path not in given and lookup(config, path) == lookup(defaults, path):
+      *groups, name = path.split(".")
+      lookup(config, ".".join(groups))[name] = value
+      applied[path] = value
+  return applied
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The configuration every config file starts from (configs/default.py returns it)."""
+  return fields.default_config()
 
 
 def lookup(config, path: str):
-  """config["a"]["b"] for path "a.b"."""
-  return functools.reduce(lambda group, key: group[key], path.split("."), config)
+  """config["a"]["b"] for path "a.b" (config itself for "")."""
+  return functools.reduce(lambda group, key: group[key], path.split(".") if path else (), config)
 
 
 def flatten(values: dict, prefix: str = "") -> dict:
@@ -137,12 +114,16 @@ def flatten(values: dict, prefix: str = "") -> dict:
 
 
 def reads(algorithm: str) -> tuple[str, ...]:
-  """The algorithm-group fields that `algorithm`'s trajectory depends on."""
-  return pipeline_programs.READS if algorithm == PIPELINE else RULES[algorithm].reads
+  """The fields read only by some algorithms that `algorithm`'s trajectory depends on
+  (the pipeline's layout included: one partition a device, a ring of devices)."""
+  if algorithm == PIPELINE:
+    return (*pipeline_programs.READS, *pipeline_programs.LAYOUT_READS)
+  return RULES[algorithm].reads
 
 
 def shapes_trajectory(field: str, algorithm: str, optimizer=None) -> bool:
-  """Whether the dotted `field` can change what `algorithm` trains (see the module doc).
+  """Whether the dotted `field` can change what `algorithm` trains, as the field
+  declares it (`fields.Shapes`; see the module doc).
 
   optimizer: the run's `optimizer` group, if known. Then the fields its
   optimizer and schedule do not read (easgd.rules.optimizers.unread_fields)
@@ -151,22 +132,32 @@ def shapes_trajectory(field: str, algorithm: str, optimizer=None) -> bool:
   is taken as constant.
   """
   group = field.split(".", maxsplit=1)[0]
+  shapes = _declared_shapes(field)
+  if shapes == Shapes.NEVER:
+    return False
+  # The pipeline has no workers and no simulated cluster.
+  if algorithm == PIPELINE and group in pipeline_programs.IGNORED_GROUPS:
+    return False
+  if shapes == Shapes.ALWAYS:
+    return True
   if field == SCHEDULE_HORIZON:
     return optimizer is not None and optimizer["schedule"] != "constant"
   if optimizer is not None and group == "optimizer":
     unread = optimizers.unread_fields(optimizer["name"], optimizer["schedule"])
-    return field.split(".", maxsplit=1)[1] not in unread and _read_by(field, algorithm)
-  if algorithm == PIPELINE:
-    # One partition a device and a ring of devices: the device count shapes the
-    # pipeline; it has no workers and no simulated cluster.
-    if field in pipeline_programs.LAYOUT_READS:
-      return True
-    if group in pipeline_programs.IGNORED_GROUPS:
+    if field.split(".", maxsplit=1)[1] in unread:
       return False
-  # Placed or streamed, the workers get the same batches.
+  return _read_by(field, algorithm)
+
+
+def _declared_shapes(field: str) -> Shapes:
+  """The field's declaration; for one of an earlier version that is no field now, what
+  its group's fields are."""
+  if field in fields.FIELDS:
+    return fields.FIELDS[field].shapes
+  group = field.split(".", maxsplit=1)[0]
   if group in RUN_GROUPS or field in stream.PLACEMENT_FIELDS:
-    return False
-  return group not in ALGORITHM_GROUPS or _read_by(field, algorithm)
+    return Shapes.NEVER
+  return Shapes.IF_READ if group in ALGORITHM_GROUPS else Shapes.ALWAYS
 
 
 def _read_by(field: str, algorithm: str) -> bool:

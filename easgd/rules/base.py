@@ -35,7 +35,8 @@ import abc
 import dataclasses
 import enum
 import functools
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import jax
@@ -298,6 +299,15 @@ BASE_READS = ("optimizer", "outer.exchange_dtype")
 ELASTIC_READS = ("outer.comm_period", "outer.moving_rate", "outer.batch_stats")
 
 
+# A momentum SGD rule's own defaults: mu = 0.9, and eta = 0.01 so that its
+# effective step eta/(1 - mu) is the default config's plain SGD step, 0.1 (at
+# eta = 0.1 Async MEASGD's center swung between 0.23 and 0.96 accuracy from run
+# to run; python bench/rule_defaults.py gives every rule's figure).
+MOMENTUM_DEFAULTS = types.MappingProxyType(
+  {"optimizer.momentum": 0.9, "optimizer.learning_rate": 0.01}
+)
+
+
 class Rule(abc.ABC):
   """The one interface the training loop knows.
 
@@ -317,6 +327,10 @@ class Rule(abc.ABC):
     inner_optimizers: the inner optimizers (`optimizer.name`) its workers may step with.
     pulls:       the pulls it may take (`Pull`, `outer.pull`), its own first;
                  () for a rule without a center to pull to (the SGD rules).
+    defaults:    its own values of config fields (dotted path -> value) where
+                 the default config's would fail it: they apply where neither
+                 the config file nor the command line changes the field
+                 (easgd.config.schema.with_rule_defaults).
   """
 
   name: ClassVar[str]
@@ -329,6 +343,7 @@ class Rule(abc.ABC):
   pulls: ClassVar[tuple[str, ...]] = ()
   inner_optimizers: ClassVar[tuple[str, ...]] = optimizers.INNER
   inner_reason: ClassVar[str] = ""  # why, when it is not every one
+  defaults: ClassVar[Mapping[str, Any]] = types.MappingProxyType({})
 
   @classmethod
   def parameter_server(cls) -> bool:

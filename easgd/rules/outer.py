@@ -49,6 +49,7 @@ from easgd.rules.base import (
   AXIS,
   BASE_READS,
   ELASTIC_READS,
+  MOMENTUM_DEFAULTS,
   Momentum,
   Pull,
   Rule,
@@ -212,6 +213,7 @@ class SyncMEASGD(SyncEASGD):
 
   name = "sync_measgd"
   momentum = Momentum.REQUIRED
+  defaults = MOMENTUM_DEFAULTS
   inner_optimizers = ("sgd",)
   inner_reason = "it is defined by its momentum SGD"
 

@@ -38,6 +38,7 @@ interleave read the same snapshot and all their increments are added.
 """
 
 import dataclasses
+import types
 from typing import ClassVar
 
 import jax
@@ -50,6 +51,7 @@ from easgd.rules.base import (
   AXIS,
   BASE_READS,
   ELASTIC_READS,
+  MOMENTUM_DEFAULTS,
   Momentum,
   Pull,
   Rule,
@@ -311,6 +313,7 @@ class AsyncMEASGD(AsyncEASGD):
 
   name = "async_measgd"
   momentum = Momentum.REQUIRED
+  defaults = MOMENTUM_DEFAULTS
   inner_optimizers = ("sgd",)
   inner_reason = "it is defined by its momentum SGD"
 
@@ -329,6 +332,11 @@ class AsyncSGD(ParameterServerRule):
   name = "async_sgd"
   policy = clocks.Policy.FCFS
   elastic = False
+  # The master takes a step for every worker's push, so P workers take P steps
+  # of eta in the time one worker takes one, each from a stale gradient: on the
+  # default config eta = 0.1 ended at 0.941 and 0.2 diverged; 0.03 trains
+  # (python bench/rule_defaults.py). Hogwild SGD inherits it.
+  defaults = types.MappingProxyType({"optimizer.learning_rate": 0.03})
   # The workers push gradients that the master's own optimizer applies: an
   # adaptive inner optimizer would shape only the local steps the fetch overwrites.
   inner_optimizers = ("sgd",)
@@ -342,6 +350,10 @@ class AsyncMSGD(AsyncSGD):
 
   name = "async_msgd"
   momentum = Momentum.REQUIRED  # at the master
+  # The master applies each worker's stale gradient, and staleness already acts
+  # as momentum (Mitliagkas et al. 2016): with 8 workers mu = 0.9 diverged at
+  # eta = 0.01 and trained at eta = 0.002 (python bench/rule_defaults.py).
+  defaults = types.MappingProxyType({"optimizer.momentum": 0.9, "optimizer.learning_rate": 0.002})
 
   def __init__(self, hyper):
     super().__init__(hyper)
@@ -365,6 +377,10 @@ class Downpour(AsyncSGD):
   master applies with SGD or AdaGrad, and fetch x~."""
 
   name = "downpour"
+  # Each push is n_sync local steps' accumulated gradient: with the master's
+  # sgd, eta = 0.1 diverged and 0.02 ended at 0.94 on the default config; 0.01
+  # trains (python bench/rule_defaults.py).
+  defaults = types.MappingProxyType({"optimizer.learning_rate": 0.01})
   server_optimizers: ClassVar[tuple[str, ...]] = ("sgd", "adagrad")  # the master's
   reads = (*AsyncSGD.reads, "downpour.n_sync", "downpour.server_optimizer")
 

@@ -11,19 +11,6 @@ from runs import small_config
 pytestmark = pytest.mark.e2e  # whole runs
 
 
-@pytest.mark.parametrize("algorithm", ["diloco", "local_sgd", "lookahead"])
-def test_the_new_rules_learn_from_the_default_config(tmp_path, algorithm):
-  # The MLP, 4 workers, 100 steps: quick to compile; the default config's rules
-  # otherwise (python train.py --config.algorithm=diloco is LeNet-5's 0.971).
-  config = small_config(
-    {"run.total_steps": 100, "run.checkpoint_every": 0, "outer.moving_rate": 0.0},
-    algorithm=algorithm,
-  )
-  result = trainer.train_and_evaluate(config, str(tmp_path))
-  assert result.metrics["eval/center_accuracy"] >= 0.85, result.metrics
-  assert result.metrics["train/learning_rate"] == pytest.approx(config.optimizer.learning_rate)
-
-
 def test_a_schedule_is_logged_as_it_runs(tmp_path):
   config = small_config(
     {

@@ -1,0 +1,122 @@
+"""What a rule asks of the config across fields, from its class's declarations.
+
+Each field's own type and range is checked before (easgd.config.fields);
+these checks span fields and depend on the rule chosen: its optimizer's
+momentum and Nesterov form, its pull and elastic moving rate, its outer
+optimizer, its BatchNorm statistics. A refusal is one ConfigError line
+naming the field, what is allowed, and the rules that would take the value.
+"""
+
+import ml_collections
+
+from easgd.errors import require
+from easgd.models import BATCH_NORM_MODELS
+from easgd.rules.base import DEFAULT_BETA, Momentum, Pull, Rule
+from easgd.rules.registry import RULES
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError for the first value across fields that config.algorithm's rule
+  does not accept."""
+  rule = RULES[config.algorithm]
+  _check_inner_optimizer(rule, config.optimizer)
+  _check_outer(rule, config)
+  _check_batch_stats(rule, config)
+
+
+def pull_in_force(config: ml_collections.ConfigDict) -> str | None:
+  """The pull of the configured rule, or None for one without a center to pull to."""
+  rule = RULES.get(config.algorithm)
+  if rule is None or not rule.pulls:
+    return None
+  return config.outer.pull or rule.pulls[0]
+
+
+def _check_inner_optimizer(rule: type[Rule], optimizer: ml_collections.ConfigDict) -> None:
+  takes = ", ".join(n for n, r in RULES.items() if optimizer.name in r.inner_optimizers)
+  require(
+    optimizer.name in rule.inner_optimizers,
+    "optimizer.name",
+    optimizer.name,
+    f"{rule.name} takes {', '.join(rule.inner_optimizers)} ({rule.inner_reason}); "
+    f"rules that take {optimizer.name}: {takes}",
+  )
+  momentum = optimizer.momentum
+  if rule.momentum == Momentum.REQUIRED:
+    require(
+      optimizer.name == "sgd",
+      "optimizer.name",
+      optimizer.name,
+      f"{rule.name} is defined by its momentum SGD: use sgd with optimizer.momentum in (0, 1)",
+    )
+    require(
+      0 < momentum < 1, "optimizer.momentum", momentum, f"{rule.name} needs a momentum in (0, 1)"
+    )
+  elif rule.momentum == Momentum.NONE:
+    with_momentum = ", ".join(n for n, r in RULES.items() if r.momentum != Momentum.NONE)
+    require(
+      momentum == 0,
+      "optimizer.momentum",
+      momentum,
+      f"{rule.name} takes no momentum (momentum 0); rules with momentum: {with_momentum}",
+    )
+  with_nesterov = ", ".join(n for n, r in RULES.items() if r.nesterov)
+  require(
+    not optimizer.nesterov or rule.nesterov,
+    "optimizer.nesterov",
+    optimizer.nesterov,
+    f"{rule.name} has no Nesterov form; rules with one: {with_nesterov}",
+  )
+
+
+def _check_outer(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
+  """Its outer optimizer, its pull, and the elastic pull's moving rate."""
+  outer, workers = config.outer, config.workers
+  if "outer.optimizer" not in rule.reads:
+    takes = ", ".join(n for n, r in RULES.items() if "outer.optimizer" in r.reads)
+    require(
+      outer.optimizer == "sgd",
+      "outer.optimizer",
+      outer.optimizer,
+      f"{rule.name} has no choice of outer optimizer (only sgd); rules with one: {takes}",
+    )
+  if outer.pull:
+    takes = [name for name, r in RULES.items() if outer.pull in r.pulls]
+    own = (
+      f"{rule.name} pulls {' or '.join(rule.pulls)}" if rule.pulls else f"{rule.name} has no pull"
+    )
+    require(
+      outer.pull in rule.pulls,
+      "outer.pull",
+      outer.pull,
+      f"{own}; rules that take {outer.pull}: {', '.join(takes)}",
+    )
+  pull = pull_in_force(config)
+  if pull == Pull.RESET:
+    require(
+      outer.moving_rate == 0,
+      "outer.moving_rate",
+      outer.moving_rate,
+      f"{config.algorithm}'s reset pull has no alpha (leave it 0); "
+      "outer.pull=elastic pulls with it (diloco)",
+    )
+  if pull == Pull.ELASTIC:
+    alpha = outer.moving_rate or DEFAULT_BETA / workers
+    require(
+      workers * alpha < 1,
+      "outer.moving_rate",
+      alpha,
+      f"beta = workers*moving_rate = {workers * alpha:g} must be < 1, "
+      f"i.e. moving_rate < {1 / workers:g}",
+    )
+
+
+def _check_batch_stats(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
+  require(
+    config.model not in BATCH_NORM_MODELS or config.outer.batch_stats in rule.batch_stats,
+    "outer.batch_stats",
+    config.outer.batch_stats,
+    f"{rule.name} supports {', '.join(rule.batch_stats)} for {config.model}'s BatchNorm "
+    "statistics (sync_sgd's workers share one model, so its statistics are averaged; "
+    "'local' needs a rule whose workers have models of their own)",
+  )

@@ -1,0 +1,157 @@
+"""The declared fields: one declaration each, from which the default config, each field's
+check, the migration hints, the rules' own defaults and docs/configuration.md come."""
+
+import math
+import pathlib
+
+import pytest
+
+from easgd import cli, rules
+from easgd.config import fields, reference, schema, validation
+from easgd.configs import default
+from easgd.errors import ConfigError
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# Values of many types: for every field, one of them is out of its type or range.
+CANDIDATES = (None, "x", -1, 2**40, 1.5, -0.5, math.nan, True, (), (-1,), (0.9, 0.1))
+
+
+def test_the_default_config_is_the_declared_defaults():
+  config = default.get_config()
+  flat = schema.flatten(config.to_dict())
+  assert sorted(flat) == sorted(fields.FIELDS)
+  for field in fields.FIELDS_DECLARED:
+    assert schema.lookup(config, field.path) == field.default
+    assert type(schema.lookup(config, field.path)) is type(field.default), field.path
+
+
+def test_every_declaration_is_whole():
+  assert len(fields.FIELDS) == len(fields.FIELDS_DECLARED)
+  for field in fields.FIELDS_DECLARED:
+    assert field.allowed.accepts(field.default), field.path
+    assert field.doc and "\n" not in field.doc, field.path
+    assert field.allowed.text and "\n" not in field.allowed.text, field.path
+    assert field.group in fields.GROUPS, field.path
+
+
+def test_every_field_refuses_a_value_out_of_its_range_in_one_line_naming_it():
+  for field in fields.FIELDS_DECLARED:
+    bad = next(value for value in CANDIDATES if not field.allowed.accepts(value))
+    config = default.get_config()
+    *groups, name = field.path.split(".")
+    holder = schema.lookup(config, ".".join(groups))
+    with holder.ignore_type():
+      holder[name] = bad
+    with pytest.raises(ConfigError) as error:
+      validation.validate(config)
+    message = str(error.value)
+    assert message.startswith(f"config.{field.path}={bad!r} is invalid: "), message
+    assert "\n" not in message
+
+
+def test_the_migration_hints_come_from_the_declarations():
+  for field in fields.FIELDS_DECLARED:
+    for old in field.formerly:
+      assert schema.moved(old) == field.path
+      assert f"config.{field.path}" in schema.hint(old)
+  assert schema.EARLIER_VALUES == {
+    "deterministic_sums": False,
+    "dtype": "float32",
+    "runtime": "simulated",
+    "cluster.replay": "",
+  }
+
+
+def test_what_shapes_a_trajectory_is_declared():
+  assert schema.shapes_trajectory("seed", "sync_easgd")
+  assert not schema.shapes_trajectory("run.log_every", "sync_easgd")
+  assert not schema.shapes_trajectory("data.source", "async_easgd")
+  assert schema.shapes_trajectory("downpour.n_sync", "downpour")
+  assert not schema.shapes_trajectory("downpour.n_sync", "sync_easgd")
+  assert schema.shapes_trajectory("run.devices", "pipeline")
+  assert not schema.shapes_trajectory("run.devices", "sync_easgd")
+  assert not schema.shapes_trajectory("cluster.latency", "pipeline")
+  for field in fields.FIELDS_DECLARED:
+    if field.shapes == fields.Shapes.NEVER:
+      assert not any(schema.shapes_trajectory(field.path, a) for a in schema.ALGORITHMS)
+
+
+def test_docs_configuration_md_is_generated_from_the_declarations():
+  written = (REPO / "docs" / "configuration.md").read_text()
+  assert written == reference.render(), (
+    "docs/configuration.md differs from the declared fields: "
+    "python -m easgd.config.reference > docs/configuration.md"
+  )
+  for field in fields.FIELDS_DECLARED:
+    assert f"| `{field.path}` |" in written
+
+
+def test_a_rule_declares_defaults_only_of_fields_there_are_and_in_their_range():
+  for rule in rules.RULES.values():
+    for path, value in rule.defaults.items():
+      assert path in fields.FIELDS, (rule.name, path)
+      assert fields.FIELDS[path].allowed.accepts(value), (rule.name, path)
+
+
+def _rules_with_defaults():
+  return [name for name, rule in rules.RULES.items() if rule.defaults]
+
+
+def test_the_momentum_rules_bring_their_momentum():
+  for name, rule in rules.RULES.items():
+    if rule.momentum == rules.Momentum.REQUIRED:
+      assert 0 < rule.defaults["optimizer.momentum"] < 1, name
+
+
+@pytest.mark.parametrize("name", _rules_with_defaults())
+def test_a_rules_defaults_apply_where_nothing_set_the_field(name):
+  config = default.get_config()
+  config.algorithm = name
+  applied = schema.with_rule_defaults(config)
+  assert applied == dict(rules.RULES[name].defaults)
+  for path, value in applied.items():
+    assert schema.lookup(config, path) == value
+  validation.validate(config)
+
+
+@pytest.mark.parametrize("name", _rules_with_defaults())
+def test_a_field_set_by_the_command_line_or_the_file_keeps_its_value(name):
+  path, _ = next(iter(rules.RULES[name].defaults.items()))
+  config = default.get_config()
+  config.algorithm = name
+  before = schema.lookup(config, path)
+  assert path not in schema.with_rule_defaults(config, given={path})
+  assert schema.lookup(config, path) == before  # given on the command line, at any value
+  config = default.get_config()
+  config.algorithm = name
+  *groups, field = path.split(".")
+  other = 0.5 if isinstance(before, float) else before
+  schema.lookup(config, ".".join(groups))[field] = other
+  schema.with_rule_defaults(config)
+  if other != before:  # the file changed it
+    assert schema.lookup(config, path) == other
+
+
+def test_a_rule_without_defaults_and_the_pipeline_change_nothing():
+  for name in ("sync_easgd", "pipeline"):
+    config = default.get_config()
+    config.algorithm = name
+    assert schema.with_rule_defaults(config) == {}
+    assert config.to_dict() | {"algorithm": "sync_easgd"} == default.get_config().to_dict()
+
+
+def test_the_fields_a_command_line_sets_are_read_from_its_flags():
+  argv = [
+    "--config",
+    "configs/default.py",
+    "--config.optimizer.learning_rate=0.1",
+    "--config.outer.comm_period",
+    "8",
+    "--noconfig.optimizer.nesterov",
+    "--workdir=runs/x",
+  ]
+  assert cli.given_fields(argv) == {
+    "optimizer.learning_rate",
+    "outer.comm_period",
+    "optimizer.nesterov",
+  }

@@ -1,0 +1,33 @@
+"""`--config.algorithm=X` alone trains every rule of the registry on the default config.
+
+Each rule runs on a short schedule (the first STEPS of the default run's 600)
+with the rule's own defaults (`Rule.defaults`) and nothing else changed; the
+full-length figures are `python bench/rule_defaults.py`'s (bench/README.md).
+"""
+
+import pytest
+
+from easgd import rules
+from easgd.config import schema
+from easgd.configs import default
+from easgd.train import trainer
+
+STEPS = 100
+# The default run ends at >= 0.95. A sixth of its schedule in, every rule has
+# learnt (chance is 0.1); the slowest starter, downpour at the learning rate
+# that lets its pushes of n_sync steps' gradients converge, was at 0.605.
+AT_STEPS = 0.5
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("name", list(rules.RULES))
+def test_the_rule_alone_trains_the_default_config(tmp_path, name):
+  config = default.get_config()
+  config.algorithm = name
+  schema.with_rule_defaults(config)  # as train.py applies them to --config.algorithm=X
+  config.run.total_steps = STEPS
+  config.run.log_every = config.run.eval_every = config.run.checkpoint_every = 0
+  result = trainer.train_and_evaluate(config, str(tmp_path))
+  assert result.metrics["eval/center_accuracy"] >= AT_STEPS, name
+  assert result.metrics["train/learning_rate"] == pytest.approx(config.optimizer.learning_rate)
