@@ -83,6 +83,7 @@ class LockStep(RuleRuntime):
     return self.trainees[-1]
 
 
+@pytest.mark.e2e  # two whole runs
 def test_a_runtime_is_one_class_and_one_registry_line(tmp_path, monkeypatch):
   monkeypatch.setitem(runtimes.RUNTIMES, LockStep.name, LockStep)  # the registry line
   assert "lockstep" in runtimes.named()
