@@ -131,7 +131,7 @@ def main(argv):
   for name, made_by in sweep.SUMMARY_FILES.items():
     arguments.check_overwritable(os.path.join(_WORKDIR.value, name), made_by, at_start=True)
   user_flags = user_overrides(sys.argv[1:])
-  fixed = {arg.removeprefix("--config.").partition("=")[0] for arg in user_flags}
+  fixed = cli.given_fields(user_flags)
   try:
     source = config_flags.get_config_filename(flags.FLAGS["config"])
     points = sweep.load_sweep(source)

@@ -51,6 +51,7 @@ def main(argv):
   # last one's checkpoint.
   workdir = _WORKDIR.value if _WORKDIR.value is not None else f"runs/{config.algorithm}"
   cli.check_workdir(workdir, inputs={"config.run.data_dir": config.run.data_dir})
+  cli.with_rule_defaults(config, workdir)
   cache = compile_lib.cache_dir(_COMPILATION_CACHE.value)
   if cache:
     cli.check_workdir(cache, "--compilation_cache")

@@ -7,7 +7,7 @@ for each rule (each in a process of its own, as a user would) and prints the
 rule's own defaults (`Rule.defaults`, the fields where the default config's
 value would fail it), its final center test accuracy and the run's wall-clock
 seconds. The default run's band is >= 0.95 at the end; every rule should be
-in it. tests/config/test_rule_defaults.py runs them on a short schedule.
+in it. tests/train/test_rule_defaults.py runs them on a short schedule.
 """
 
 import argparse

@@ -18,6 +18,7 @@ from ml_collections import config_flags
 
 from easgd.arguments import check_workdir, fail, first_line, load_file, port_problem
 from easgd.config import schema
+from easgd.infra import checkpoint
 
 __all__ = [
   "check_coordinator",
@@ -27,6 +28,7 @@ __all__ = [
   "fail",
   "given_fields",
   "packaged_config",
+  "with_rule_defaults",
   "parse_flags",
   "run",
 ]
@@ -53,14 +55,28 @@ def packaged_config(name: str) -> str:
 
 
 def config_value(holder):
-  """The --config flag's config (its file was checked by parse_flags), with the chosen
-  rule's own defaults where neither the file nor the command line set the field
-  (easgd.config.schema.with_rule_defaults); a log line names them."""
-  config = holder.value
-  applied = schema.with_rule_defaults(config, given_fields(sys.argv[1:]))
+  """The --config flag's config (its file was checked by parse_flags)."""
+  return holder.value
+
+
+def with_rule_defaults(config, workdir: str | None = None):
+  """`config` with the chosen rule's own defaults where neither the command line nor
+  the config file chose those fields (easgd.config.schema.with_rule_defaults),
+  as the checkpoint in `workdir` has them if there is one; a log line names them."""
+  saved = checkpoint.saved_config(workdir) if workdir is not None else None
+  applied = schema.with_rule_defaults(config, given_fields(sys.argv[1:]), saved)
   if applied:
     values = ", ".join(f"config.{path}={value!r}" for path, value in applied.items())
-    logging.info("%s's own defaults: %s (set a field to override it)", config.algorithm, values)
+    if saved is not None:
+      logging.info(
+        "the fields %s's own defaults set, as the checkpoint has them: %s", config.algorithm, values
+      )
+    else:
+      logging.info(
+        "%s's own defaults: %s (set any of them with --config.FIELD to choose them all)",
+        config.algorithm,
+        values,
+      )
   return config
 
 

@@ -384,7 +384,7 @@ def make_plan(config: ml_collections.ConfigDict) -> Plan:
 def main(argv, config_flag):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  config = cli.config_value(config_flag)
+  config = cli.with_rule_defaults(cli.config_value(config_flag))
   try:
     check_plannable(config)
     if platform.expected_backend() == "cpu":

@@ -17,6 +17,7 @@ what that version did. From these come:
 import dataclasses
 import enum
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,7 @@ from easgd.data.datasets import DATASETS
 from easgd.errors import is_int, is_number
 from easgd.models import DTYPES, MODELS
 from easgd.rules import RULES, exchange, model_state, optimizers
-from easgd.rules.base import Pull
+from easgd.rules.base import Momentum, Pull
 from easgd.rules.parameter_server import Downpour
 from easgd.sim import timing
 
@@ -39,6 +40,8 @@ PULLS = ("", *Pull)
 class Shapes(enum.StrEnum):
   """Whether a field can change what a run trains (its trajectory)."""
 
+  # For every algorithm but the pipeline, for which the workers and the
+  # simulated cluster (workers, cluster.*) do not exist.
   ALWAYS = "always"
   # Only for an algorithm that declares it reads it (`Rule.reads`, the
   # pipeline's READS); an optimizer field only where the optimizer and its
@@ -96,9 +99,9 @@ def number(
   return Allowed(accepts, words + _note(note))
 
 
-def one_of(choices, note: str = "", *, ordered: bool = True) -> Allowed:
-  """One of `choices` (listed sorted unless `ordered`)."""
-  listed = list(choices) if ordered else sorted(choices)
+def one_of(choices, note: str = "", *, sort: bool = False) -> Allowed:
+  """One of `choices`, listed in their order, or sorted with `sort` (a registry's)."""
+  listed = sorted(choices) if sort else list(choices)
   return Allowed(lambda v: v in tuple(choices), f"valid: {', '.join(listed)}" + _note(note))
 
 
@@ -110,9 +113,13 @@ def text(words: str, accepts: Callable[[str], bool] = lambda v: True) -> Allowed
   return Allowed(lambda v: isinstance(v, str) and accepts(v), words)
 
 
-def values(each: Allowed, words: str) -> Allowed:
-  """A tuple (or list) whose every value `each` accepts: the pipeline's per-model values."""
-  return Allowed(lambda v: isinstance(v, (tuple, list)) and all(each.accepts(x) for x in v), words)
+def values(each: Allowed, every: str) -> Allowed:
+  """A tuple (or list) whose every value `each` accepts: the pipeline's per-model
+  values; `every` says what each value must be."""
+  return Allowed(
+    lambda v: isinstance(v, (tuple, list)) and all(each.accepts(x) for x in v),
+    f"must be () or a tuple of one value a model, every one {every}",
+  )
 
 
 def _note(note: str) -> str:
@@ -139,8 +146,6 @@ def _distinct_indices(value) -> bool:
 def _readable_folder(value: str) -> bool:
   # Read, never written: it must be there (TFDS prepares datasets into it
   # beforehand). A remote one (gs://...) is TFDS's to find.
-  import os  # noqa: PLC0415 (only this check touches the file system)
-
   return not value or "://" in value or os.path.isdir(os.path.expanduser(value))
 
 
@@ -198,7 +203,8 @@ GROUPS = {
   "cluster": "The timing model (easgd/sim/timing.py): it orders the parameter-server rules' "
   "requests and gives every rule a simulated clock (sim/time). Seconds, bytes. The default: "
   "CPU workers of 10 ms a step, the slowest 1.5x slower than the fastest, 10% jitter, on "
-  "1 Gbit/s Ethernet; the master takes 1 ms a request.",
+  "1 Gbit/s Ethernet; the master takes 1 ms a request. Under runtime=threads only the "
+  "workers' relative speeds apply, as real delays.",
   "device": "The device, for the planner only (python -m easgd.plan).",
   "run": "How long the run goes, where it runs and what it reports: these may change when a "
   "run is resumed.",
@@ -211,13 +217,13 @@ FIELDS_DECLARED = (
   Field(
     "algorithm",
     "sync_easgd",
-    one_of(ALGORITHMS, ordered=False),
+    one_of(ALGORITHMS, sort=True),
     "a rule of the registry (easgd.rules.RULES; docs/algorithms.md), or pipeline",
   ),
   Field(
     "model",
     "lenet5",
-    one_of(MODELS, ordered=False),
+    one_of(MODELS, sort=True),
     "lenet5, mlp, alexnet, resnet20, vgg11 (CIFAR-sized); resnet50, alexnet_imagenet "
     "(ImageNet; docs/networks.md)",
   ),
@@ -256,7 +262,7 @@ FIELDS_DECLARED = (
   Field(
     "data.dataset",
     "mnist5k",
-    one_of(DATASETS, ordered=False),
+    one_of(DATASETS, sort=True),
     "mnist5k (embedded), digits, TFDS mnist, fashion_mnist, cifar10, cifar100, imagenette, "
     "imagenet2012; records: a folder of python -m easgd.data.convert in run.data_dir",
     formerly=("dataset",),
@@ -291,7 +297,8 @@ FIELDS_DECLARED = (
       low_open=True,
       words="must be a finite number of bytes > 0 (what a device may hold of training data)",
     ),
-    "bytes of training data a device may hold, which decides data.source=auto",
+    "bytes of training data a device may hold, which decides data.source=auto; at least "
+    "one step's batches of a device (streamed, those of the steps queued ahead too)",
     Shapes.NEVER,
   ),
   # The local step.
@@ -314,8 +321,9 @@ FIELDS_DECLARED = (
     "optimizer.momentum",
     0.0,
     number(0, 1),
-    "sgd's mu: optional for sync_sgd and the center family, required by sync_measgd, "
-    "async_measgd and async_msgd (its master's); 0 for adamw",
+    "sgd's mu: 0 for adamw; required (in (0, 1)) by "
+    + ", ".join(name for name, rule in RULES.items() if rule.momentum == Momentum.REQUIRED)
+    + " (async_msgd's is its master's)",
     Shapes.IF_READ,
     formerly=("momentum",),
   ),
@@ -480,7 +488,7 @@ FIELDS_DECLARED = (
   Field(
     "pipeline.per_model.learning_rate",
     (),
-    values(number(0, low_open=True), "every value must be > 0"),
+    values(number(0, low_open=True), "> 0"),
     f"each model's learning rate: {_PER_MODEL}",
     Shapes.IF_READ,
     formerly=("per_model.learning_rate",),
@@ -488,7 +496,7 @@ FIELDS_DECLARED = (
   Field(
     "pipeline.per_model.momentum",
     (),
-    values(number(0, 1), "every value must be in [0, 1)"),
+    values(number(0, 1), "in [0, 1)"),
     f"each model's momentum: {_PER_MODEL}",
     Shapes.IF_READ,
     formerly=("per_model.momentum",),
@@ -496,7 +504,7 @@ FIELDS_DECLARED = (
   Field(
     "pipeline.per_model.weight_decay",
     (),
-    values(number(0), "every value must be >= 0"),
+    values(number(0), ">= 0"),
     f"each model's weight decay: {_PER_MODEL}",
     Shapes.IF_READ,
     formerly=("per_model.weight_decay",),
@@ -504,7 +512,7 @@ FIELDS_DECLARED = (
   Field(
     "pipeline.per_model.b1",
     (),
-    values(number(0, 1), "every value must be in [0, 1)"),
+    values(number(0, 1), "in [0, 1)"),
     f"each model's adamw b1: {_PER_MODEL}",
     Shapes.IF_READ,
     formerly=("per_model.b1",),
@@ -512,7 +520,7 @@ FIELDS_DECLARED = (
   Field(
     "pipeline.per_model.b2",
     (),
-    values(number(0, 1), "every value must be in [0, 1)"),
+    values(number(0, 1), "in [0, 1)"),
     f"each model's adamw b2: {_PER_MODEL}",
     Shapes.IF_READ,
     formerly=("per_model.b2",),
@@ -520,7 +528,7 @@ FIELDS_DECLARED = (
   Field(
     "pipeline.per_model.seed",
     (),
-    values(integer(0, 2**32, words=""), "every value must be in [0, 2**32)"),
+    values(integer(0, 2**32, words=""), "an integer in [0, 2**32)"),
     "each model's seed: a tuple of pipeline.models values, or () for seed + m",
     Shapes.IF_READ,
     formerly=("per_model.seed",),
@@ -645,9 +653,10 @@ FIELDS_DECLARED = (
   Field(
     "run.devices",
     0,
-    integer(0, words="must be an integer >= 1, or 0 for the default (docs/configuration.md)"),
+    integer(0, words="must be an integer >= 1, or 0 for the largest divisor that fits"),
     "D: devices the workers (the pipeline: models) are spread over, dividing them; 0: the "
-    "largest divisor that is at most 8 and the devices there are (the pipeline reads it)",
+    "largest divisor that is at most 8 and the devices there are; on a CPU train.py "
+    "creates D virtual devices (the pipeline reads it)",
     Shapes.IF_READ,
     formerly=("devices",),
   ),
@@ -655,8 +664,8 @@ FIELDS_DECLARED = (
     "run.data_dir",
     "",
     text(
-      "is not a directory: give the directory TFDS prepared the dataset in (it is read, "
-      "never written), or '' for TFDS's default",
+      "must be a directory, the one TFDS prepared the dataset in (it is read, never "
+      "written), or '' for TFDS's default",
       _readable_folder,
     ),
     "TFDS data directory ('' for TFDS's default), or a records folder",

@@ -17,10 +17,10 @@ from easgd.errors import require
 from easgd.rules import RULES
 
 
-def _require_momentum_for_nesterov(nesterov: bool, momentum, prefix: str) -> None:
-  """SGD's Nesterov flag needs a momentum to act on."""
+def _require_momentum_for_nesterov(nesterov: bool, momenta, prefix: str) -> None:
+  """SGD's Nesterov flag needs a momentum to act on (each model's, for the pipeline)."""
   require(
-    not nesterov or momentum > 0,
+    not nesterov or all(m > 0 for m in momenta),
     f"{prefix}.nesterov",
     nesterov,
     f"Nesterov needs a momentum: {prefix}.momentum in (0, 1), or {prefix}.nesterov=False",
@@ -34,8 +34,7 @@ def _require_no_sgd_momentum(group, prefix: str, allowed: str) -> None:
 
 
 def validate_optimizer(config: ml_collections.ConfigDict) -> None:
-  """The inner optimizer and its schedule, across their fields, for any algorithm (the
-  pipeline's per-model momenta are the pipeline's to check)."""
+  """The inner optimizer and its schedule, across their fields, for any algorithm."""
   optimizer = config.optimizer
   if optimizer.name == "adamw":
     _require_no_sgd_momentum(
@@ -44,8 +43,10 @@ def validate_optimizer(config: ml_collections.ConfigDict) -> None:
       "adamw has no momentum of SGD's (its first moment is optimizer.b1); "
       "set it to 0/False or use optimizer.name='sgd'",
     )
-  if config.algorithm != PIPELINE:
-    _require_momentum_for_nesterov(optimizer.nesterov, optimizer.momentum, "optimizer")
+  per_model = config.pipeline.per_model.momentum if config.algorithm == PIPELINE else ()
+  _require_momentum_for_nesterov(
+    optimizer.nesterov, per_model or (optimizer.momentum,), "optimizer"
+  )
   _validate_schedule(optimizer, config.run.total_steps)
 
 
@@ -83,7 +84,7 @@ def validate_outer_optimizer(config: ml_collections.ConfigDict) -> None:
   if rule is None or "outer.optimizer" not in rule.reads:
     return
   if outer.optimizer == "sgd":
-    _require_momentum_for_nesterov(outer.nesterov, outer.momentum, "outer")
+    _require_momentum_for_nesterov(outer.nesterov, (outer.momentum,), "outer")
   if outer.optimizer == "adam":
     _require_no_sgd_momentum(
       outer,

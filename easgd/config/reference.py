@@ -3,7 +3,7 @@ and the rules' own defaults (`Rule.defaults`).
 
   python -m easgd.config.reference > docs/configuration.md
 
-tests/config/test_reference.py keeps the file equal to what this prints.
+tests/config/test_fields.py keeps the file equal to what this prints.
 """
 
 import math
@@ -23,7 +23,8 @@ This page is generated from the fields' declarations in
 `easgd/config/fields.py` (`python -m easgd.config.reference >
 docs/configuration.md`); a test keeps it equal to them.
 
-**Shapes the trajectory**: *always*; *if read*: only for an algorithm that
+**Shapes the trajectory**: *always* (but `workers` and `cluster.*` for the
+pipeline, which has neither); *if read*: only for an algorithm that
 reads it (each rule declares the fields it reads, `Rule.reads`; an optimizer
 field only where the optimizer and its schedule use it; `run.total_steps`
 under a schedule other than constant; `run.devices` for the pipeline);
@@ -35,10 +36,12 @@ RULE_DEFAULTS = """\
 ## The rules' own defaults
 
 Where the default config's value would fail a rule, the rule declares its
-own (`Rule.defaults`); it applies when neither the config file nor the
-command line changes that field from the default config's value, so
-`--config.algorithm=X` alone trains every rule. Setting the field, to any
-value, takes precedence.
+own (`Rule.defaults`), so that `--config.algorithm=X` alone trains every
+rule. A rule's defaults apply together, and none of them if the command line
+sets any of their fields or the config file gives any of them another value
+than the default config's (a file that sets one to the default config's value
+is not told apart: set it on the command line). A resumed run takes the
+values its checkpoint has. A log line names the defaults applied.
 """
 
 

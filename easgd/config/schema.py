@@ -22,13 +22,13 @@ from collections.abc import Iterable
 import ml_collections
 
 from easgd.config import fields
-from easgd.config.fields import ALGORITHMS, PIPELINE, Shapes
+from easgd.config.fields import Shapes
 from easgd.data import stream
 from easgd.pipeline import programs as pipeline_programs
 from easgd.rules import RULES, optimizers
 
-__all__ = ["ALGORITHMS", "PIPELINE"]
-
+PIPELINE = fields.PIPELINE
+ALGORITHMS = fields.ALGORITHMS
 RUN_GROUPS = ("run", "device")
 # The run field a learning-rate schedule spans (easgd.rules.optimizers).
 SCHEDULE_HORIZON = "run.total_steps"
@@ -36,7 +36,11 @@ ALGORITHM_GROUPS = ("optimizer", "outer", "downpour", "pipeline")
 
 # Old names (the flat ones of earlier versions, and the flat spellings of a few
 # newer fields) -> the grouped names, as the fields declare them.
-MOVED = {old: field.path for field in fields.FIELDS_DECLARED for old in field.formerly}
+MOVED = {
+  # The pipeline's per-model group, whose fields each name their old spelling too.
+  "per_model": "pipeline.per_model",
+  **{old: field.path for field in fields.FIELDS_DECLARED for old in field.formerly},
+}
 
 # Fields added since, with the value that computes what the versions before them
 # did: a checkpoint whose config lacks one was written under that value.
@@ -69,26 +73,36 @@ def moved(field: str) -> str | None:
 
 
 def with_rule_defaults(
-  config: ml_collections.ConfigDict, given: Iterable[str] = ()
+  config: ml_collections.ConfigDict, given: Iterable[str] = (), saved: dict | None = None
 ) -> dict[str, object]:
-  """Sets, in place, the chosen rule's own defaults (`Rule.defaults`) of the fields
-  that neither the config file (the value is the default config's) nor the
-  command line (`given`: the dotted fields it set) changed. Returns what was set.
+  """Sets, in place, the chosen rule's own defaults (`Rule.defaults`), all of them or
+  none: none if the command line sets any of their fields (`given`, dotted) or
+  the config file gives any another value than the default config's. Returns
+  what was set.
 
-  The default config's values suit the family (e.g. no momentum, learning
-  rate 0.1); a momentum rule brings its momentum and the learning rate that
-  trains with it, so that `--config.algorithm=X` alone trains every rule.
+  The default config's values suit the family (no momentum, learning rate
+  0.1); a momentum rule brings its momentum and the learning rate that trains
+  with it, so that `--config.algorithm=X` alone trains every rule. A rule's
+  defaults go together: one of them given means the user chose the others too.
+
+  saved: the config of a checkpoint being resumed (`checkpoint.saved_config`).
+  Its values of these fields are taken instead, so that a run resumes with the
+  values it started with, also one started before its rule had defaults.
   """
   rule = RULES.get(config.algorithm)
-  if rule is None:
+  if rule is None or not rule.defaults:
     return {}
-  given, defaults = set(given), default_config()
+  defaults = default_config()
+  untouched = all(
+    path not in given and lookup(config, path) == lookup(defaults, path) for path in rule.defaults
+  )
+  if not untouched:
+    return {}
+  resumed = {} if saved is None else grouped(saved)
   applied = {}
   for path, value in rule.defaults.items():
-    if path not in given and lookup(config, path) == lookup(defaults, path):
-      *groups, name = path.split(".")
-      lookup(config, ".".join(groups))[name] = value
-      applied[path] = value
+    *groups, name = path.split(".")
+    lookup(config, ".".join(groups))[name] = applied[path] = resumed.get(path, value)
   return applied
 
 

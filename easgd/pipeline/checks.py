@@ -38,12 +38,6 @@ def check(config: ml_collections.ConfigDict) -> None:
     "adamw has no momentum of SGD's (each model's first moment is pipeline.per_model.b1)",
   )
   require(
-    not config.optimizer.nesterov or all(m > 0 for m in momenta or (config.optimizer.momentum,)),
-    "optimizer.nesterov",
-    config.optimizer.nesterov,
-    "Nesterov needs a momentum: optimizer.momentum in (0, 1), or optimizer.nesterov=False",
-  )
-  require(
     config.outer.exchange_dtype == "float32",
     "outer.exchange_dtype",
     config.outer.exchange_dtype,

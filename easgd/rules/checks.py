@@ -24,7 +24,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   _check_batch_stats(rule, config)
 
 
-def pull_in_force(config: ml_collections.ConfigDict) -> str | None:
+def _pull_in_force(config: ml_collections.ConfigDict) -> str | None:
   """The pull of the configured rule, or None for one without a center to pull to."""
   rule = RULES.get(config.algorithm)
   if rule is None or not rule.pulls:
@@ -91,7 +91,7 @@ def _check_outer(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
       outer.pull,
       f"{own}; rules that take {outer.pull}: {', '.join(takes)}",
     )
-  pull = pull_in_force(config)
+  pull = _pull_in_force(config)
   if pull == Pull.RESET:
     require(
       outer.moving_rate == 0,

@@ -205,7 +205,7 @@ def test_a_data_dir_that_is_not_a_directory_is_named(tmp_path, kind):
   (tmp_path / "file").write_text("x")
   path = {"file": "file", "under a file": "file/data", "missing": "nowhere"}[kind]
   config = config_with({"run.data_dir": str(tmp_path / path)})
-  with pytest.raises(ConfigError, match=r"config.run.data_dir=.* is not a directory"):
+  with pytest.raises(ConfigError, match=r"config.run.data_dir=.* is invalid: must be a directory"):
     validation.validate(config)
   validation.validate(config_with({"run.data_dir": str(tmp_path)}))
 

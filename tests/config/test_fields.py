@@ -115,21 +115,32 @@ def test_a_rules_defaults_apply_where_nothing_set_the_field(name):
 
 
 @pytest.mark.parametrize("name", _rules_with_defaults())
-def test_a_field_set_by_the_command_line_or_the_file_keeps_its_value(name):
-  path, _ = next(iter(rules.RULES[name].defaults.items()))
+def test_a_rules_defaults_go_together_and_none_apply_if_one_was_chosen(name):
+  first, *_ = rules.RULES[name].defaults
+  chosen = default.get_config()
+  chosen.algorithm = name
+  # Given on the command line, even at the default config's value.
+  assert schema.with_rule_defaults(chosen, given={first}) == {}
+  changed = default.get_config()
+  changed.algorithm = name
+  *groups, field = first.split(".")
+  schema.lookup(changed, ".".join(groups))[field] = 0.5  # the config file's own value
+  assert schema.with_rule_defaults(changed) == {}
+  assert schema.lookup(changed, first) == 0.5
+  for path in rules.RULES[name].defaults:
+    if path != first:
+      assert schema.lookup(changed, path) == schema.lookup(default.get_config(), path)
+
+
+@pytest.mark.parametrize("name", _rules_with_defaults())
+def test_a_resumed_run_takes_the_values_its_checkpoint_has(name):
   config = default.get_config()
   config.algorithm = name
-  before = schema.lookup(config, path)
-  assert path not in schema.with_rule_defaults(config, given={path})
-  assert schema.lookup(config, path) == before  # given on the command line, at any value
-  config = default.get_config()
-  config.algorithm = name
-  *groups, field = path.split(".")
-  other = 0.5 if isinstance(before, float) else before
-  schema.lookup(config, ".".join(groups))[field] = other
-  schema.with_rule_defaults(config)
-  if other != before:  # the file changed it
-    assert schema.lookup(config, path) == other
+  saved = default.get_config().to_dict()  # a run started before the rule had defaults
+  saved["algorithm"] = name
+  applied = schema.with_rule_defaults(config, saved=saved)
+  assert applied == {path: schema.lookup(default.get_config(), path) for path in applied}
+  assert config.to_dict() == saved
 
 
 def test_a_rule_without_defaults_and_the_pipeline_change_nothing():

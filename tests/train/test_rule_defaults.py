@@ -13,10 +13,12 @@ from easgd.configs import default
 from easgd.train import trainer
 
 STEPS = 100
-# The default run ends at >= 0.95. A sixth of its schedule in, every rule has
-# learnt (chance is 0.1); the slowest starter, downpour at the learning rate
-# that lets its pushes of n_sync steps' gradients converge, was at 0.605.
-AT_STEPS = 0.5
+# The default run ends at >= 0.95. A sixth of its schedule in, every rule is
+# past AT_STEPS (measured 0.863 to 0.963), but for downpour: its master takes
+# pushes of n_sync steps' gradients at the small learning rate that lets them
+# converge, and starts slowest (0.605 at step 100, 0.961 at step 600).
+AT_STEPS = 0.85
+SLOW_STARTERS = {"downpour": 0.5}
 
 pytestmark = pytest.mark.e2e
 
@@ -29,5 +31,5 @@ def test_the_rule_alone_trains_the_default_config(tmp_path, name):
   config.run.total_steps = STEPS
   config.run.log_every = config.run.eval_every = config.run.checkpoint_every = 0
   result = trainer.train_and_evaluate(config, str(tmp_path))
-  assert result.metrics["eval/center_accuracy"] >= AT_STEPS, name
+  assert result.metrics["eval/center_accuracy"] >= SLOW_STARTERS.get(name, AT_STEPS), name
   assert result.metrics["train/learning_rate"] == pytest.approx(config.optimizer.learning_rate)
