@@ -64,12 +64,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-  """The end-to-end tests first; GPU-tier tests run under `-m gpu` on a machine with an
-  accelerator, else skipped."""
-  # The workers of `-n 2` take tests in this order: the long ones first leaves
-  # short ones to even out the end, instead of one worker finishing a whole run
-  # while the other waits. (A stable sort: each tier keeps its own order.)
-  items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+  """GPU-tier tests run under `-m gpu` on a machine with an accelerator; else skipped."""
   if gpu_tier(config.option.markexpr or ""):
     import jax  # noqa: PLC0415 (after pytest_configure)
 
