@@ -18,9 +18,7 @@ from easgd.infra import distributed
 from runs import launch, read_state, small_flags, steps_saved, train
 
 # Whole runs, train.py or several processes: left out of the quick loop (-m 'not e2e').
-# One after another on one pytest worker (--dist loadgroup): two of these at once
-# are six busy processes on a 2-core machine, and each then waits on the other's.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("several_processes")]
+pytestmark = pytest.mark.e2e
 
 # Every wait is bounded: a hung collective must fail the test, not the suite.
 RUN_SECONDS = 240
