@@ -68,9 +68,7 @@ def with_rule_defaults(config, workdir: str | None = None):
   if applied:
     values = ", ".join(f"config.{path}={value!r}" for path, value in applied.items())
     if saved is not None:
-      logging.info(
-        "the fields %s's own defaults set, as the checkpoint has them: %s", config.algorithm, values
-      )
+      logging.info("%s resumes with its checkpoint's values: %s", config.algorithm, values)
     else:
       logging.info(
         "%s's own defaults: %s (set any of them with --config.FIELD to choose them all)",

@@ -49,8 +49,6 @@ def _value(value) -> str:
   """A default as a config file writes it."""
   if isinstance(value, float) and math.isinf(value):
     return 'float("inf")'
-  if isinstance(value, tuple) and len(value) == 1:
-    return f"({value[0]!r},)"
   return repr(value)
 
 
