@@ -22,6 +22,7 @@ leaves no half-written checkpoint behind.
 """
 
 import json
+import logging as std_logging
 import os
 
 import jax
@@ -37,6 +38,32 @@ from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged
 from easgd.rules import TrainState
 
 _FINGERPRINT = "fingerprint"
+
+
+def _write_replicated_arrays_once() -> None:
+  """Each replicated array is written whole by its first replica, which is
+  what orbax already does on GPUs.
+
+  On other platforms orbax's default is to split such an array into one slice
+  per replica. Each slice is then copied by a small compiled program of its
+  own: about 2.5 s per save of a new state layout on the CPU, and 0.7 s per
+  save after that, to write the same bytes. Orbax takes the setting from the
+  handler it registers for jax.Array; replacing that handler is the intended
+  use of `override`, so orbax's warning that it was replaced is kept out of
+  the log.
+  """
+  absl_logger = logging.get_absl_logger()
+  level = absl_logger.level
+  absl_logger.setLevel(std_logging.ERROR)
+  try:
+    ocp.type_handlers.register_type_handler(
+      jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True
+    )
+  finally:
+    absl_logger.setLevel(level)
+
+
+_write_replicated_arrays_once()
 
 
 def _as_uint32(x: jax.Array) -> jax.Array:
