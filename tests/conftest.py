@@ -16,11 +16,13 @@ across sessions.
 """
 
 import os
+import shutil
 import tempfile
 
 import pytest
 
 GPU = "gpu"  # the marker of the GPU tier
+_SESSION_CACHE = pytest.StashKey[str]()  # the compilation cache this session made
 
 
 def gpu_tier(markexpr: str) -> bool:
@@ -30,13 +32,27 @@ def gpu_tier(markexpr: str) -> bool:
   return any(word == GPU and (i == 0 or words[i - 1] != "not") for i, word in enumerate(words))
 
 
+def _use_a_session_cache(config) -> None:
+  """Points JAX_COMPILATION_CACHE_DIR at a new folder unless it is set; the session
+  that made the folder removes it at its end (pytest-xdist's workers inherit the
+  variable, and with it the controller's folder)."""
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax-cache-")
+    config.stash[_SESSION_CACHE] = os.environ["JAX_COMPILATION_CACHE_DIR"]
+
+
+def pytest_unconfigure(config):
+  if _SESSION_CACHE in config.stash:
+    shutil.rmtree(config.stash[_SESSION_CACHE], ignore_errors=True)
+
+
 def pytest_configure(config):
   if gpu_tier(config.option.markexpr or ""):
     # What train.py sets for an accelerator, and nothing CPU-only.
     from easgd.infra import platform  # noqa: PLC0415 (imports JAX, which has not started)
 
     platform.make_gpu_deterministic()
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="jax-cache-"))
+    _use_a_session_cache(config)
     return
   # Must be set before JAX starts its backends.
   os.environ["XLA_FLAGS"] = " ".join(
@@ -47,7 +63,7 @@ def pytest_configure(config):
       "--xla_cpu_collective_call_terminate_timeout_seconds=8",
     ]
   )
-  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="jax-cache-"))
+  _use_a_session_cache(config)
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   import jax  # noqa: PLC0415 (after the environment above)
 
@@ -98,3 +114,14 @@ def small_run(tmp_path_factory):
     return done[algorithm]
 
   return run
+
+
+@pytest.fixture(scope="session")
+def starter():
+  """Runs the absl programs (train.py, sweep.py, easgd.plan) as processes of their own,
+  forked from one that has imported their libraries (tests/forked.py)."""
+  import forked  # noqa: PLC0415 (a helper of the tests, beside this file)
+
+  started = forked.Starter({**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+  yield started
+  started.close()

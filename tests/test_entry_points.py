@@ -7,8 +7,9 @@ sweep file whose get_sweep() is not a list of dicts of config fields, the
 launcher's coordinator port (in use, or no port), and output paths (empty,
 the current folder or a parent of it, in or around what the program reads).
 
-The absl programs (train.py, sweep.py, easgd.plan) run as processes, about 3 s
-each: their flags are absl's global ones, defined on import; the argparse
+The absl programs (train.py, sweep.py, easgd.plan) run as processes of their
+own (their flags are absl's global ones, defined on import), forked from a
+starter that has imported their libraries (conftest.py's `starter`); the argparse
 programs are called in-process.
 """
 
@@ -17,8 +18,6 @@ import importlib.util
 import os
 import pathlib
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -36,20 +35,16 @@ DEFAULT, SWEEP_EXAMPLE = (
 NO_RUN = "--config.run.total_steps=0"
 
 
-def _program(cwd, *argv) -> tuple[int, str]:
-  """Runs `python *argv` in `cwd`: (exit status, stderr)."""
-  environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-  result = subprocess.run(
-    [sys.executable, *argv],
-    check=False,
-    cwd=cwd,
-    env=environment,
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
-  assert result.stdout == "", result.stdout
-  return result.returncode, result.stderr
+@pytest.fixture
+def program(starter):
+  """program(cwd, *argv): runs `python *argv` in `cwd`; (exit status, stderr)."""
+
+  def run(cwd, *argv) -> tuple[int, str]:
+    code, out, err = starter.run(list(argv), cwd)
+    assert out == "", out
+    return code, err
+
+  return run
 
 
 def _in_process(capsys, main, *args) -> tuple[int, str]:
@@ -185,11 +180,11 @@ USAGE_IN_PROCESS = {
 
 
 @pytest.mark.parametrize("case", [*USAGE, *USAGE_IN_PROCESS])
-def test_wrong_usage_is_one_line_and_writes_nothing(places, capsys, monkeypatch, case):
+def test_wrong_usage_is_one_line_and_writes_nothing(places, capsys, monkeypatch, program, case):
   here, _ = places
   if case in USAGE:
     argv, named = USAGE[case]
-    code, err = _program(here, *argv)
+    code, err = program(here, *argv)
   else:
     main, named = USAGE_IN_PROCESS[case]
     monkeypatch.chdir(here)
@@ -254,12 +249,12 @@ BAD_SWEEPS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_SWEEPS))
-def test_a_bad_sweep_file_is_one_line_naming_the_file(places, case):
+def test_a_bad_sweep_file_is_one_line_naming_the_file(places, program, case):
   here, inputs = places
   sweep, said = BAD_SWEEPS[case]
   path = inputs / "swept.py"
   path.write_text(SWEEP_FILE.format(sweep=sweep))
-  code, err = _program(here, SWEEP, f"--config={path}", "--workdir=runs")
+  code, err = program(here, SWEEP, f"--config={path}", "--workdir=runs")
   # What is allowed, where the file's get_sweep() returned something else.
   allowed = (
     ""
@@ -289,11 +284,11 @@ PORTS = {
 
 @pytest.mark.parametrize("case", list(PORTS))
 def test_a_coordinator_port_that_cannot_be_served_is_refused_before_any_process_starts(
-  places, capsys, monkeypatch, case
+  places, capsys, monkeypatch, program, case
 ):
   here, _ = places
   monkeypatch.chdir(here)
-  program, port = PORTS[case]
+  which, port = PORTS[case]
   with contextlib.ExitStack() as holding:
     if isinstance(port, tuple):
       host, listen = port
@@ -305,7 +300,7 @@ def test_a_coordinator_port_that_cannot_be_served_is_refused_before_any_process_
       named = [f"{port} cannot", "in use"]
     else:
       named = [port]
-    if program == "launch":
+    if which == "launch":
       monkeypatch.setattr(launch.subprocess, "Popen", _no_process)
       argv = ["--processes", "2", "--port", port, "--", TRAIN, "--workdir=run"]
       code, err = _in_process(capsys, launch.main, argv)
@@ -313,7 +308,7 @@ def test_a_coordinator_port_that_cannot_be_served_is_refused_before_any_process_
     else:
       address = f"127.0.0.1:{port}"
       flags = ["--num_processes=2", "--process_id=0", "--config.run.devices=2"]
-      code, err = _program(here, TRAIN, "--workdir=run", f"--coordinator_address={address}", *flags)
+      code, err = program(here, TRAIN, "--workdir=run", f"--coordinator_address={address}", *flags)
       named.append(f"--coordinator_address={address!r}")
   assert_refused(code, err, *named)
   assert os.listdir(here) == []
@@ -407,21 +402,23 @@ PATHS = {
 
 
 @pytest.mark.parametrize("case", list(PATHS))
-def test_an_output_path_is_checked_before_anything_is_written(places, capsys, monkeypatch, case):
+def test_an_output_path_is_checked_before_anything_is_written(
+  places, capsys, monkeypatch, program, case
+):
   here, inputs = places
   for split in ("train", "test"):
     (inputs / "images" / split / "digit").mkdir(parents=True)
   before = sorted(str(path) for path in inputs.rglob("*"))
-  program, argv, named = PATHS[case]
+  which, argv, named = PATHS[case]
   argv = [arg.replace("INPUT", str(inputs)).replace("HERE", str(here)) for arg in argv]
   monkeypatch.chdir(here)
-  if program == "convert":
+  if which == "convert":
     code, err = _in_process(capsys, convert.main, argv)
-  elif program == "faults":
+  elif which == "faults":
     monkeypatch.setattr("sys.argv", ["faults.py", *argv])
     code, err = _in_process(capsys, _study("faults").main)
   else:
-    code, err = _program(here, *argv)
+    code, err = program(here, *argv)
   assert_refused(code, err, named)
   assert os.listdir(here) == [] and sorted(os.listdir(here.parent)) == ["here", "inputs"]
   assert sorted(str(path) for path in inputs.rglob("*")) == before

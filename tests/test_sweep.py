@@ -221,12 +221,15 @@ def test_tensorboard_serves_every_run_with_scalars_and_hparams(which, request):
     ('[{"optimizer.learning_rate": 0.1}]', ["--config.foo=1"], "config.foo does not exist"),
   ],
 )
-def test_bad_sweep_exits_2_with_one_line_and_runs_nothing(tmp_path, points, flags, message):
+def test_bad_sweep_exits_2_with_one_line_and_runs_nothing(
+  tmp_path, starter, points, flags, message
+):
   config = write_config(tmp_path, points)
-  result = sweep_cli(config, tmp_path / "runs", *flags)
-  assert result.returncode == 2
-  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-  assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+  argv = ["sweep.py", f"--config={config}", f"--workdir={tmp_path / 'runs'}", *flags]
+  code, _, stderr = starter.run(argv, REPO)
+  assert code == 2
+  errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0], stderr[-2000:]
   assert not (tmp_path / "runs").exists()
 
 

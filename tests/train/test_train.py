@@ -214,14 +214,14 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
     (["--workdir=README.md/run"], "lies under"),
   ],
 )
-def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, overrides, message):
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, starter, overrides, message):
   # One case of each kind of check; tests/config/test_validation.py has every message.
   workdir = tmp_path / "run"
-  result = _train_cli(workdir, *overrides)
-  assert result.returncode == 2
-  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  code, _, stderr = starter.run(["train.py", f"--workdir={workdir}", *overrides], REPO)
+  assert code == 2
+  errors = [line for line in stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and message in errors[0]
-  assert result.stderr.rstrip().endswith(errors[0])
+  assert stderr.rstrip().endswith(errors[0])
   assert not workdir.exists()
 
 
