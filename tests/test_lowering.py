@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tiers
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -369,18 +370,15 @@ PROGRAMS = [
 ]
 
 
-# The quick tier's share (-m "not e2e"): LeNet-5's programs, with one rule of each
-# discipline for the threads runtime's, and ResNet-20's synchronous step (the
-# BatchNorm paths). The rest, a second or several each, run with the whole suite.
-QUICK_THREADS_RULES = ("async_easgd", "original_easgd", "hogwild_sgd")
-
-
+# The quick tier's share (-m "not e2e"): LeNet-5's programs, those of a rule for
+# the quick tier's rules only (tests/tiers.py), and ResNet-20's synchronous step
+# (the BatchNorm paths). The rest, a second or several each, run with the whole suite.
 def _quick(program: Program) -> bool:
   if program == Program("train_step", "resnet20", "float32", SYNC):
     return True
   if program.model != "lenet5":
     return False
-  return not program.kind.startswith("threads_") or program.rule in QUICK_THREADS_RULES
+  return not program.rule or program.rule in tiers.QUICK_RULES
 
 
 def _marked(program: Program):
@@ -419,7 +417,13 @@ CPU_CONTROLS = [
 
 
 @pytest.mark.parametrize(
-  "program,expected", CPU_CONTROLS, ids=[str(program) for program, _ in CPU_CONTROLS]
+  "program,expected",
+  [
+    pytest.param(
+      program, expected, id=str(program), marks=[] if _quick(program) else [pytest.mark.e2e]
+    )
+    for program, expected in CPU_CONTROLS
+  ],
 )
 def test_lowered_for_the_cpu_a_program_takes_the_cpu_only_paths(program, expected):
   text = _lowered(program, ("cpu",))

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tiers
 
 from easgd import rules, steps
 from easgd.config import schema
@@ -123,7 +124,7 @@ def _final_state(name: str, config, num_ticks: int = 6):
   return jax.device_get(state)
 
 
-@pytest.mark.parametrize("name", list(rules.RULES))
+@pytest.mark.parametrize("name", tiers.cases(rules.RULES))
 def test_fields_a_rule_does_not_read_leave_its_trajectory_alone(name):
   rule = rules.RULES[name]
   base = {"optimizer.momentum": 0.9} if rule.momentum == rules.Momentum.REQUIRED else {}

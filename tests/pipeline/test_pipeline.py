@@ -93,7 +93,14 @@ def sequential_numpy_run(initial, num_models, num_devices, num_stages, nesterov)
 
 
 @pytest.mark.parametrize(
-  "num_models,num_devices,nesterov", [(4, 4, False), (8, 4, False), (4, 2, True), (3, 1, False)]
+  "num_models,num_devices,nesterov",
+  [
+    (4, 4, False),
+    (4, 2, True),
+    # More models than devices, and one device: with the whole suite.
+    pytest.param(8, 4, False, marks=pytest.mark.e2e),
+    pytest.param(3, 1, False, marks=pytest.mark.e2e),
+  ],
 )
 def test_every_model_matches_its_sequential_numpy_run(num_models, num_devices, nesterov):
   num_stages = 2 * num_devices + 1  # every partition twice, and one more stage

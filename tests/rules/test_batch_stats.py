@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tiers
 
 import numpy_reference
 from easgd import evaluation, rules, steps
@@ -159,10 +160,10 @@ WITH_WORKERS = sorted(set(rules.RULES) - {"sync_sgd"})
 
 
 # Every rule with statistics kept local (checked exactly), and averaged for one
-# rule of each kind of exchange (elastic, momentum, pushed gradients, unlocked).
-CASES = [(name, False) for name in WITH_WORKERS] + [
-  (name, True) for name in ("sync_measgd", "async_easgd", "downpour", "hogwild_sgd")
-]
+# rule of each kind of exchange (elastic, momentum, pushed gradients, unlocked);
+# the quick tier's rules only under -m "not e2e".
+AVERAGED = ("sync_measgd", "async_easgd", "downpour", "hogwild_sgd")
+CASES = tiers.cases([(name, False) for name in WITH_WORKERS] + [(name, True) for name in AVERAGED])
 
 
 @pytest.mark.parametrize("name,average_stats", CASES)

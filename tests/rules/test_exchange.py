@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import test_parameter_server
+import tiers
 from test_outer import TAU, assert_follows, hyper
 from test_rules import ALPHA, ETA, make_problem, per_worker, run_rule
 
@@ -85,7 +86,9 @@ def _final_centers(name, settings):
   return jax.tree.leaves(run_rule(name, settings, x0, batches, 2)[-1].center)
 
 
-@pytest.mark.parametrize("name", ["sync_easgd", "diloco", "sync_sgd", "async_easgd", "downpour"])
+@pytest.mark.parametrize(
+  "name", tiers.cases(["sync_easgd", "diloco", "sync_sgd", "async_easgd", "downpour"])
+)
 def test_int8_exchanges_train_close_to_float32_and_replay_bit_for_bit(name):
   if rules.RULES[name].parameter_server():
     settings = test_parameter_server.hyper_for(name)

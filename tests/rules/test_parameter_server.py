@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tiers
 
 import numpy_optim
 import numpy_reference
@@ -112,7 +113,7 @@ def worker_row(state, i):
 
 
 @pytest.mark.parametrize("num_devices", [4, 2])
-@pytest.mark.parametrize("name", sorted(REFERENCE))
+@pytest.mark.parametrize("name", tiers.cases(sorted(REFERENCE)))
 def test_rule_follows_a_literal_parameter_server(name, num_devices):
   _, _, _, server, mu, nesterov = REFERENCE[name]
   # async_msgd's momentum is its master's; a momentum rule's workers have it.

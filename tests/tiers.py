@@ -1,0 +1,34 @@
+"""The quick tier's share of a test run for every rule.
+
+`pytest -m "not e2e"` is the loop a developer runs after each change, and it
+must take under two minutes on two cores. A test parametrized over every rule
+of the registry runs there for a few rules only: one rule of each family and
+one rule of each master's discipline, between them touching every kind of
+exchange the rules have. Its other cases are marked e2e and run with the
+whole suite.
+"""
+
+import pytest
+
+# sync_easgd: the center family's elastic exchange; diloco: the center family's
+# outer optimizer and reset; async_easgd: the parameter-server family, first come
+# first served; original_easgd: round robin; hogwild_sgd: no lock, pushed gradients.
+QUICK_RULES = ("sync_easgd", "diloco", "async_easgd", "original_easgd", "hogwild_sgd")
+
+
+def _is_quick(value) -> bool:
+  """Whether a case runs in the quick tier: its rule (a case's first value) is quick."""
+  rule = value[0] if isinstance(value, tuple) else value
+  return rule in QUICK_RULES
+
+
+def cases(values, quick=_is_quick) -> list:
+  """`values` (one a case; a tuple for several arguments) as pytest parameters,
+  each one for which `quick` is false marked e2e."""
+  return [
+    pytest.param(
+      *(value if isinstance(value, tuple) else (value,)),
+      marks=[] if quick(value) else [pytest.mark.e2e],
+    )
+    for value in values
+  ]
