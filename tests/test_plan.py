@@ -95,12 +95,13 @@ def test_cli_reports_memory_time_and_the_workers_that_pay():
   ],
 )
 @pytest.mark.e2e
-def test_cli_bad_input_exits_2_with_one_line(overrides, message):
-  result = _plan_cli(*overrides)
-  assert result.returncode == 2
-  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+def test_cli_bad_input_exits_2_with_one_line(starter, overrides, message):
+  argv = ["-m", "easgd.plan", "--config=configs/default.py", *overrides]
+  code, stdout, stderr = starter.run(argv, REPO, timeout=300)
+  assert code == 2
+  errors = [line for line in stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and message in errors[0]
-  assert result.stderr.rstrip().endswith(errors[0]) and result.stdout == ""
+  assert stderr.rstrip().endswith(errors[0]) and stdout == ""
 
 
 class _FakeCompiler:

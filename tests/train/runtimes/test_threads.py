@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from easgd.errors import ConfigError, WorkerFailed
 from easgd.train import trainer
 from easgd.train.runtimes import trace, workers
-from runs import config_with, read_state, steps_saved, train
+from runs import REPO, config_with, read_state, steps_saved, train
 
 # 24 ticks of the MLP, checkpoints at 12 and 24.
 RUN = {
@@ -204,16 +204,18 @@ def test_bad_replays_and_runtimes_are_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.e2e
-def test_train_py_refuses_a_missing_trace_writing_nothing(tmp_path):
+def test_train_py_refuses_a_missing_trace_writing_nothing(tmp_path, starter):
   workdir = tmp_path / "run"
-  run = train(
-    workdir,
+  argv = [
+    "train.py",
+    f"--workdir={workdir}",
     "--config=configs/default.py",
     "--config.algorithm=async_easgd",
     f"--config.cluster.replay={tmp_path / 'missing.jsonl'}",
-  )
-  assert run.wait(120) == 2
-  assert run.output().strip().splitlines()[-1].startswith("error: cluster.replay=")
+  ]
+  code, _, stderr = starter.run(argv, REPO)
+  assert code == 2
+  assert stderr.strip().splitlines()[-1].startswith("error: cluster.replay=")
   assert not workdir.exists()
 
 
