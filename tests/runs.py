@@ -129,18 +129,19 @@ def launch(workdir, *flags: str, processes: int = 2) -> Process:
   return Process(*command, f"--workdir={workdir}", *flags)
 
 
-def assert_bfloat16_run_keeps_float32_state(tmp_path) -> None:
+def assert_bfloat16_run_keeps_float32_state(tmp_path, steps: int) -> None:
   """config.dtype=bfloat16 computes in bfloat16; the default run still reaches its
-  band (300 of its 600 steps at a constant rate: 0.954 measured on the CPU, above
-  0.95 from step 250 on), and what it keeps (center, workers, optimizer state) is
-  float32. The CPU tier (test_train.py) and the GPU tier (test_gpu.py) both run it."""
+  band after `steps` of its 600 steps at a constant rate, and what it keeps
+  (center, workers, optimizer state) is float32. The CPU tier (test_train.py:
+  300 steps, 0.954 measured, above 0.95 from step 250 on) and the GPU tier
+  (test_gpu.py: 400 steps) both run it."""
   from easgd.train import trainer  # noqa: PLC0415 (after the tier has chosen the devices)
 
-  overrides = {"run.total_steps": 300, "run.log_every": 0, "run.eval_every": 0}
+  overrides = {"run.total_steps": steps, "run.log_every": 0, "run.eval_every": 0}
   config = config_with(overrides | {"run.checkpoint_every": 0}, dtype="bfloat16")
   result = trainer.train_and_evaluate(config, str(tmp_path))
   assert result.metrics["eval/center_accuracy"] >= 0.95
-  saved = read_state(tmp_path / "checkpoints" / "300" / "state")
+  saved = read_state(tmp_path / "checkpoints" / str(steps) / "state")
   kept = [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(result.state))]
   for leaves in (saved, kept):
     assert {leaf.dtype.name for leaf in leaves if leaf.dtype.kind in "fV"} == {"float32"}

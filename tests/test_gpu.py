@@ -133,7 +133,7 @@ def test_threads_record_and_replay_to_the_same_trajectory(tmp_path, algorithm):
 
 
 def test_bfloat16_compute_keeps_a_float32_state(tmp_path):
-  assert_bfloat16_run_keeps_float32_state(tmp_path)
+  assert_bfloat16_run_keeps_float32_state(tmp_path, steps=400)
 
 
 def test_the_gpu_is_what_runs(tmp_path):

@@ -417,13 +417,7 @@ CPU_CONTROLS = [
 
 
 @pytest.mark.parametrize(
-  "program,expected",
-  [
-    pytest.param(
-      program, expected, id=str(program), marks=[] if _quick(program) else [pytest.mark.e2e]
-    )
-    for program, expected in CPU_CONTROLS
-  ],
+  "program,expected", CPU_CONTROLS, ids=[str(program) for program, _ in CPU_CONTROLS]
 )
 def test_lowered_for_the_cpu_a_program_takes_the_cpu_only_paths(program, expected):
   text = _lowered(program, ("cpu",))

@@ -22,13 +22,13 @@ def _is_quick(value) -> bool:
   return rule in QUICK_RULES
 
 
-def cases(values, quick=_is_quick) -> list:
-  """`values` (one a case; a tuple for several arguments) as pytest parameters,
-  each one for which `quick` is false marked e2e."""
+def cases(values) -> list:
+  """`values` (one a case; a tuple for several arguments, the rule first) as pytest
+  parameters, those of the rules outside QUICK_RULES marked e2e."""
   return [
     pytest.param(
       *(value if isinstance(value, tuple) else (value,)),
-      marks=[] if quick(value) else [pytest.mark.e2e],
+      marks=[] if _is_quick(value) else [pytest.mark.e2e],
     )
     for value in values
   ]

@@ -97,7 +97,7 @@ def sequential_numpy_run(initial, num_models, num_devices, num_stages, nesterov)
   [
     (4, 4, False),
     (4, 2, True),
-    # More models than devices, and one device: with the whole suite.
+    # Twice as many models as devices, and one device: with the whole suite.
     pytest.param(8, 4, False, marks=pytest.mark.e2e),
     pytest.param(3, 1, False, marks=pytest.mark.e2e),
   ],

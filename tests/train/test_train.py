@@ -58,7 +58,7 @@ def test_default_config_learns_in_300_steps_and_writes_tensorboard(tmp_path):
 
 
 def test_default_config_learns_in_bfloat16_and_saves_a_float32_state(tmp_path):
-  assert_bfloat16_run_keeps_float32_state(tmp_path)
+  assert_bfloat16_run_keeps_float32_state(tmp_path, steps=300)
 
 
 def test_async_rule_logs_its_simulated_cluster(tmp_path):

@@ -213,8 +213,8 @@ def test_train_py_refuses_a_missing_trace_writing_nothing(tmp_path, starter):
     "--config.algorithm=async_easgd",
     f"--config.cluster.replay={tmp_path / 'missing.jsonl'}",
   ]
-  code, _, stderr = starter.run(argv, REPO)
-  assert code == 2
+  code, stdout, stderr = starter.run(argv, REPO)
+  assert code == 2 and stdout == ""
   assert stderr.strip().splitlines()[-1].startswith("error: cluster.replay=")
   assert not workdir.exists()
 
