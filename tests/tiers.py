@@ -2,10 +2,10 @@
 
 `pytest -m "not e2e"` is the loop a developer runs after each change, and it
 must take under two minutes on two cores. A test parametrized over every rule
-of the registry runs there for a few rules only: one rule of each family and
-one rule of each master's discipline, between them touching every kind of
-exchange the rules have. Its other cases are marked e2e and run with the
-whole suite.
+of the registry runs there for a few rules only: one rule of each family,
+and one of each discipline by which a master serves its workers. Its other
+cases (the momentum rules, Downpour, the rules that differ from a quick one
+by a setting) are marked e2e and run with the whole suite.
 """
 
 import pytest
