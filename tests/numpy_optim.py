@@ -50,6 +50,11 @@ class Optimizer:
     zeros = {k: np.zeros_like(v, dtype=np.float64) for k, v in x.items()}
     return {"t": 0, "m": dict(zeros), "v": dict(zeros)}
 
+  def point(self, x, state):
+    """Where the gradient of the next step is taken: at x."""
+    del state
+    return x
+
   def update(self, g, state, x):
     """Returns (u, new state): the step to add to x."""
     t, eta = state["t"], self.rate(state["t"])
@@ -70,6 +75,27 @@ class Optimizer:
     return u, {"t": t + 1, "m": m, "v": v}
 
 
+class LookAheadSGD:
+  """EAMSGD's momentum (Zhang, Choromanska, LeCun 2015, Algorithm 2), velocity v in
+  parameter units: the gradient is taken at the look-ahead point y = x + mu*v, then
+  g' = g(y) + wd*y,  v <- mu*v - eta_t*g',  and the step is u = v."""
+
+  def __init__(self, rate, mu, wd=0.0):
+    self.rate, self.mu, self.wd = rate, mu, wd
+
+  def init(self, x):
+    return {"t": 0, "v": {k: np.zeros_like(v, dtype=np.float64) for k, v in x.items()}}
+
+  def point(self, x, state):
+    return {k: x[k] + self.mu * state["v"][k] for k in x}
+
+  def update(self, g, state, y):
+    """g: the gradient at y = point(x, state). Returns (u, new state)."""
+    eta = self.rate(state["t"])
+    v = {k: self.mu * state["v"][k] - eta * (g[k] + self.wd * y[k]) for k in g}
+    return dict(v), {"t": state["t"] + 1, "v": v}
+
+
 def sgd(eta, mu=0.0, nesterov=False):
   return Optimizer("sgd", constant(eta), mu=mu, nesterov=nesterov)
 
@@ -77,7 +103,8 @@ def sgd(eta, mu=0.0, nesterov=False):
 def center_family(x0, batches, grad, inner, tau, pull, outer, alpha=0.0, sent=lambda d, t, i: d):
   """The center family; returns [(workers, center)] after each step.
 
-  Step t: u_i = inner update at x_i. If (t+1) % tau == 0: with r_i = x_i (elastic)
+  Step t: u_i = inner update with the gradient at inner.point(x_i) (x_i but for
+  EAMSGD's look-ahead). If (t+1) % tau == 0: with r_i = x_i (elastic)
   or x_i + u_i (reset), each worker sends s_i = Q(r_i - center) (`sent`), Delta =
   -mean_i s_i, center' = center + outer update of Delta; then x_i <- x_i + u_i -
   alpha*(x_i - center) (elastic) or x_i <- center' (reset). Else x_i <- x_i + u_i.
@@ -90,7 +117,8 @@ def center_family(x0, batches, grad, inner, tau, pull, outer, alpha=0.0, sent=la
   for t, step_batches in enumerate(batches):
     updates = []
     for i in range(num_workers):
-      u, states[i] = inner.update(grad(workers[i], step_batches[i]), states[i], workers[i])
+      y = inner.point(workers[i], states[i])
+      u, states[i] = inner.update(grad(y, step_batches[i]), states[i], y)
       updates.append(u)
     stepped = [{k: w[k] + u[k] for k in w} for w, u in zip(workers, updates, strict=True)]
     if (t + 1) % tau == 0:

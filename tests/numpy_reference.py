@@ -59,7 +59,8 @@ def sync_sgd(x0, batches, grad, eta, mu=0.0, nesterov=False):
 def sync_easgd(x0, batches, grad, eta, alpha, tau, mu=None, nesterov=False):
   """EASGD (mu None) or MEASGD/EAMSGD; returns [(workers, center)] after each step.
 
-  Step t: u_i = -eta*g_i(x_i), or m_i <- mu*m_i + g_i, u_i = -eta*m_i (or -eta*(g_i + mu*m_i)).
+  Step t: u_i = -eta*g_i(x_i); or MEASGD's m_i <- mu*m_i + g_i(x_i), u_i = -eta*m_i;
+  or EAMSGD's (nesterov) v_i <- mu*v_i - eta*g_i(x_i + mu*v_i), u_i = v_i.
   If (t+1) % tau == 0, with d_i = x_i - center before the exchange:
   x_i <- x_i + u_i - alpha*d_i, center <- center + alpha*sum_i d_i; else x_i <- x_i + u_i.
   """
@@ -73,10 +74,14 @@ def sync_easgd(x0, batches, grad, eta, alpha, tau, mu=None, nesterov=False):
     for i in range(num_workers):
       if mu is None:
         updates.append(_scale(grad(workers[i], step_batches[i]), -eta))
+      elif nesterov:
+        g = grad(_add(workers[i], velocity[i], mu), step_batches[i])
+        velocity[i] = _add(_scale(velocity[i], mu), g, -eta)
+        updates.append(dict(velocity[i]))
       else:
         g = grad(workers[i], step_batches[i])
         velocity[i] = _add(_scale(velocity[i], mu), g)
-        updates.append(_scale(_add(g, velocity[i], mu) if nesterov else velocity[i], -eta))
+        updates.append(_scale(velocity[i], -eta))
     if (t + 1) % tau == 0:
       distances = [_sub(w, center) for w in workers]
       pairs = zip(workers, updates, distances, strict=True)
@@ -123,7 +128,8 @@ def parameter_server(
     e = alpha*(x_i - center) and u the local update at the x_i it sent), or
     "push" (SGD/Downpour: x_i <- x_i + u, G_i += g at the end of each
     step; every period-th step ends by pushing G_i and fetching the center).
-  inner: the workers' optimizer (numpy_optim.Optimizer) or None (u = -eta*g); mu: the master's.
+  inner: the workers' optimizer (numpy_optim.Optimizer or LookAheadSGD, whose gradient is
+    taken at inner.point(x)) or None (u = -eta*g); mu: the master's.
   lock: "fcfs" (a FIFO queue at a locked master), "round_robin", or None (Hogwild:
     read on arrival, write master_time later).
   durations(i, k): compute time of worker i's step k.
@@ -155,11 +161,15 @@ def parameter_server(
   def at(time, priority, worker, name):
     heapq.heappush(events, (time, priority, worker, name))
 
-  def local_update(i, x, g):
+  def local_update(i, x, batch):
+    """(u, g): worker i's step from x and the gradient it took, at inner.point(x)."""
     if inner is None:
-      return _scale(g, -eta)
-    u, states[i] = inner.update(g, states[i], x)
-    return u
+      g = grad(x, batch)
+      return _scale(g, -eta), g
+    y = inner.point(x, states[i])
+    g = grad(y, batch)
+    u, states[i] = inner.update(g, states[i], y)
+    return u, g
 
   def begin(i, time):
     k = steps[i]
@@ -248,13 +258,13 @@ def parameter_server(
       exchanged = family == "elastic" and (k + 1) % period == 0
       if family == "elastic":
         x = sent[i] if exchanged else workers[i]
-        update = local_update(i, x, grad(x, batch))
+        update, _ = local_update(i, x, batch)
         workers[i] = _add(_sub(x, reply[i]) if exchanged else x, update)
         worker_histories[i].append(dict(workers[i]))
         begin(i, time)
       else:
-        g = grad(workers[i], batch)
-        workers[i] = _add(workers[i], local_update(i, workers[i], g))
+        update, g = local_update(i, workers[i], batch)
+        workers[i] = _add(workers[i], update)
         accumulated[i] = _add(accumulated[i], g)
         worker_histories[i].append(dict(workers[i]))
         if steps[i] % period == 0:

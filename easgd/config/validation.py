@@ -16,6 +16,7 @@ from easgd.errors import ConfigError, require
 from easgd.infra import profiler
 from easgd.pipeline import checks as pipeline_checks
 from easgd.pipeline.programs import PER_MODEL_FIELDS
+from easgd.rules import RULES
 from easgd.rules import checks as rule_checks
 
 
@@ -84,9 +85,20 @@ def validate_partition(config: ml_collections.ConfigDict, train_examples: int, p
   )
 
 
-def check_resumable(saved: dict, config: ml_collections.ConfigDict, workdir: str) -> None:
+def check_resumable(
+  saved: dict, config: ml_collections.ConfigDict, workdir: str, revision: int
+) -> None:
   """A workdir's checkpoint may only be resumed by a configuration that trains the same
-  trajectory: only fields that do not shape it (easgd.config.schema) may differ."""
+  trajectory: only fields that do not shape it (easgd.config.schema) may differ,
+  and its rule's equations must not have changed since the checkpoint's
+  `revision` (easgd.infra.checkpoint.REVISION, `Rule.changed_since`)."""
+  rule = RULES.get(config.algorithm)
+  changed = rule.changed_since(revision, config.optimizer) if rule is not None else ""
+  if changed:
+    raise ConfigError(
+      f"workdir {workdir!r} holds a checkpoint of {config.algorithm} written by an earlier "
+      f"version: {changed}; this version cannot resume it: use another --workdir"
+    )
   # A checkpoint of an earlier version has flat names: compare under the grouped ones.
   saved = schema.grouped(saved)
   current = schema.flatten(config.to_dict())

@@ -41,6 +41,14 @@ from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged
 from easgd.rules import TrainState
 
 _FINGERPRINT = "fingerprint"
+_REVISION = "revision"
+
+# What the arrays of a checkpoint mean, where a rule's trajectory changed since
+# (`Rule.changed_since` says for which configurations):
+#   1  (none recorded) before the revisions;
+#   2  the MEASGD rules' Nesterov step is EAMSGD's look-ahead form, and their
+#      inner state holds the velocity v_i instead of optax's trace m_i.
+REVISION = 2
 
 
 def _write_replicated_arrays_once() -> None:
@@ -157,14 +165,34 @@ def saved_config(workdir: str) -> dict | None:
   anything (one may already have created the directory that another has not
   seen yet).
   """
+  newest = _newest_readable(workdir)
+  return None if newest is None else dict(newest[1])
+
+
+def saved_revision(workdir: str) -> int | None:
+  """The REVISION of the newest readable checkpoint in `workdir` (1 for one written
+  before revisions were recorded), or None if there is none; writes nothing."""
+  newest = _newest_readable(workdir)
+  if newest is None:
+    return None
+  try:
+    with open(os.path.join(newest[0], _REVISION, "metadata")) as handle:
+      return int(json.load(handle)[_REVISION])
+  except FileNotFoundError:
+    return 1
+
+
+def _newest_readable(workdir: str) -> tuple[str, dict] | None:
+  """(folder, configuration) of the newest checkpoint whose configuration reads."""
   path = directory(workdir)
   if not os.path.isdir(path):
     return None
   # Orbax writes a checkpoint under a temporary name and renames it to its step.
   for step in sorted((int(name) for name in os.listdir(path) if name.isdigit()), reverse=True):
+    folder = os.path.join(path, str(step))
     try:
-      with open(os.path.join(path, str(step), "config", "metadata")) as handle:
-        return dict(json.load(handle))
+      with open(os.path.join(folder, "config", "metadata")) as handle:
+        return folder, json.load(handle)
     except (OSError, ValueError):  # a corrupt checkpoint; restore() reports it
       continue
   return None
@@ -211,6 +239,7 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         clock=ocp.args.JsonSave(clock),
         config=ocp.args.JsonSave(config.to_dict()),
+        **{_REVISION: ocp.args.JsonSave({_REVISION: REVISION})},
         **{_FINGERPRINT: ocp.args.JsonSave(words)},
       ),
     )

@@ -260,18 +260,37 @@ def map_unrolled(function: Callable, *args):
   return results
 
 
+def shifted(tree: Params, shift: Params | None) -> Params:
+  """`tree` with `shift` added to its parameters (`Rule.look_ahead_shift`; None: `tree`)."""
+  if shift is None:
+    return tree
+  params = jax.tree.map(jnp.add, model_state.trainable(tree), shift)
+  return model_state.with_trainable(tree, params)
+
+
 def local_update(
-  inner: optax.GradientTransformation, workers: Params, inner_state, batch: Batch, loss_fn: LossFn
+  inner: optax.GradientTransformation,
+  workers: Params,
+  inner_state,
+  batch: Batch,
+  loss_fn: LossFn,
+  at: Params | None = None,
 ):
   """The local step of the local workers with the inner optimizer.
 
+  `at`: where the gradients are taken and whence the step goes, the workers
+  themselves if None (EAMSGD's look-ahead point otherwise: `shifted`). The
+  optimizer sees it as the parameters, so an L2 term is taken there too, and
+  the loss and accuracy are those of its forward pass.
+
   Returns (u_i, new inner state, g_i, loss_i, aux_i): u_i is the optimizer's
-  update of the parameters, with the BatchNorm statistics' part set to
-  s'_i - s_i; g_i the raw gradient.
+  update of the parameters, to be added to `at`, with the BatchNorm
+  statistics' part set to s'_i - s_i; g_i the raw gradient.
   """
-  (loss, aux), grads = map_workers(jax.value_and_grad(loss_fn, has_aux=True), workers, batch)
+  at = workers if at is None else at
+  (loss, aux), grads = map_workers(jax.value_and_grad(loss_fn, has_aux=True), at, batch)
   updates, inner_state = jax.vmap(inner.update)(
-    model_state.trainable(grads), inner_state, model_state.trainable(workers)
+    model_state.trainable(grads), inner_state, model_state.trainable(at)
   )
   updates = model_state.stats_step(model_state.with_trainable(grads, updates), workers, aux)
   return updates, inner_state, grads, loss, aux
@@ -299,6 +318,11 @@ BASE_READS = ("optimizer", "outer.exchange_dtype")
 ELASTIC_READS = ("outer.comm_period", "outer.moving_rate", "outer.batch_stats")
 
 
+# The checkpoint revision (easgd.infra.checkpoint.REVISION) from which the
+# look-ahead rules take EAMSGD's form; their checkpoints before it hold optax's trace.
+LOOK_AHEAD_REVISION = 2
+
+
 # A momentum SGD rule's own defaults: mu = 0.9, and eta = 0.01 so that its
 # effective step eta/(1 - mu) is the default config's plain SGD step, 0.1 (at
 # eta = 0.1 Async MEASGD's center swung between 0.23 and 0.96 accuracy from run
@@ -316,6 +340,9 @@ class Rule(abc.ABC):
     name:        the registry name (`config.algorithm`).
     momentum:    whether its optimizer takes momentum (`Momentum`).
     nesterov:    whether that momentum may be Nesterov's.
+    look_ahead:  whether its Nesterov momentum is EAMSGD's, the gradient taken at
+                 the look-ahead point x_i + mu*v_i (`optimizers.look_ahead_sgd`),
+                 rather than optax's form.
     elastic:     whether it has an elastic exchange (moving rate, period).
     policy:      None for a synchronous rule; for a parameter-server rule the
                  master's discipline (`easgd.sim.clocks.Policy`).
@@ -336,6 +363,7 @@ class Rule(abc.ABC):
   name: ClassVar[str]
   momentum: ClassVar[Momentum] = Momentum.NONE
   nesterov: ClassVar[bool] = False
+  look_ahead: ClassVar[bool] = False
   elastic: ClassVar[bool] = False
   policy: ClassVar[clocks.Policy | None] = None
   batch_stats: ClassVar[tuple[str, ...]] = model_state.BATCH_STATS_CHOICES
@@ -353,7 +381,35 @@ class Rule(abc.ABC):
   def __init__(self, hyper: Hyper):
     self.hyper = hyper
     # The workers' local optimizer (for sync_sgd, the shared model's).
-    self.inner = optimizers.inner(hyper)
+    if self.takes_look_ahead(hyper.optimizer, hyper.nesterov):
+      self.inner = optimizers.look_ahead_sgd(hyper)
+    else:
+      self.inner = optimizers.inner(hyper)
+
+  @classmethod
+  def takes_look_ahead(cls, optimizer: str, nesterov: bool) -> bool:
+    """Whether its workers step with EAMSGD's look-ahead Nesterov momentum."""
+    return cls.look_ahead and optimizer == "sgd" and nesterov
+
+  @classmethod
+  def changed_since(cls, revision: int, optimizer) -> str:
+    """What this version trains differently from a checkpoint written at checkpoint
+    `revision` (easgd.infra.checkpoint.REVISION) under the `optimizer` group;
+    "" when it trains the same trajectory."""
+    if revision < LOOK_AHEAD_REVISION and cls.takes_look_ahead(optimizer.name, optimizer.nesterov):
+      return (
+        "its Nesterov step took the gradient at x_i (optax's form), and this version "
+        "takes it at the look-ahead point x_i + mu*v_i, as EAMSGD does"
+      )
+    return ""
+
+  def look_ahead_shift(self, inner_state) -> Params | None:
+    """mu*v_i, by which EAMSGD's look-ahead point x_i + mu*v_i (where its gradient
+    is taken, and whence its update steps) is ahead of x_i; None for a rule
+    whose local step starts at x_i."""
+    if not self.takes_look_ahead(self.hyper.optimizer, self.hyper.nesterov):
+      return None
+    return optimizers.look_ahead_shift(self.hyper, inner_state)
 
   def learning_rate(self, worker_steps: jax.Array) -> jax.Array:
     """The inner learning rate in force for workers with these local step counts."""

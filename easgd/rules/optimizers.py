@@ -6,6 +6,9 @@ Inner (`config.optimizer.*`), the workers' local step:
           with momentum mu (optax's trace m <- mu*m + g'):
             classic   u = -eta_t * m
             Nesterov  u = -eta_t * (g' + mu*m)
+          EAMSGD's look-ahead Nesterov (`look_ahead_sgd`, the MEASGD rules'), a step
+          from the look-ahead point y = x + mu*v:
+            g' = g(y) + lambda*y;  u = -eta_t*g';  v <- mu*v + u;  x <- y + u
   adamw:  optax.adamw: Adam's moments of g (b1, b2, eps), plus the decoupled
           decay lambda*x, both scaled by -eta_t (Loshchilov & Hutter 2019).
 
@@ -29,6 +32,7 @@ Delta = mean_i (x~ - x_i) as if it were a gradient.
 """
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +105,48 @@ def inner(hyper) -> optax.GradientTransformation:
     # Left out rather than added as 0*x: the bits of plain SGD are those of -eta*g.
     return sgd
   return optax.chain(optax.add_decayed_weights(hyper.weight_decay), sgd)
+
+
+class VelocityState(NamedTuple):
+  """EAMSGD's velocity v (the paper's, in parameter units) and the local step count."""
+
+  velocity: optax.Params
+  count: jax.Array
+
+
+def look_ahead_sgd(hyper) -> optax.GradientTransformation:
+  """Nesterov momentum in EAMSGD's form (Zhang, Choromanska, LeCun 2015, Algorithm 2),
+  whose gradient is taken at the look-ahead point y = x + mu*v (`look_ahead_shift`):
+      g' = g(y) + lambda*y;   u = -eta_t*g';   v <- mu*v + u;   x <- y + u  (= x + v)
+  Its update u is the step from y, not from x: the rule adds it to y. The L2
+  term is part of the objective, so the caller passes y as the params and its
+  gradient is taken at y too. At v = 0, y = x and u = -eta_t*g' is plain SGD's
+  update in the same floating-point operations, so the first step is plain
+  SGD's, bit for bit.
+  """
+  rate = schedule(hyper)
+
+  def init(params):
+    return VelocityState(jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.int32))
+
+  def update(grads, state, params=None):
+    del params
+    eta = rate(state.count) if callable(rate) else rate
+    # As optax scales by the learning rate: the bits of plain SGD's update.
+    updates = jax.tree.map(lambda g: jnp.asarray(-eta, g.dtype) * g, grads)
+    velocity = jax.tree.map(lambda v, u: hyper.momentum * v + u, state.velocity, updates)
+    return updates, VelocityState(velocity, optax.safe_increment(state.count))
+
+  sgd = optax.GradientTransformation(init, update)
+  if not hyper.weight_decay:
+    return sgd
+  return optax.chain(optax.add_decayed_weights(hyper.weight_decay), sgd)
+
+
+def look_ahead_shift(hyper, state):
+  """mu*v: how far `look_ahead_sgd`'s look-ahead point is ahead of x (one worker's or stacked)."""
+  velocity = optax.tree_utils.tree_get(state, "velocity")
+  return jax.tree.map(lambda v: hyper.momentum * v, velocity)
 
 
 def init_workers(optimizer: optax.GradientTransformation, workers):

@@ -57,6 +57,7 @@ from easgd.rules.base import (
   initial_state,
   local_update,
   local_workers,
+  shifted,
   stack_workers,
   step_metrics,
   sum_over_workers,
@@ -138,18 +139,20 @@ class CenterRule(Rule):
 
   def step(self, state, batch, loss_fn, tick):
     del tick
+    # Where each local step starts: x_i, or EAMSGD's look-ahead point x_i + mu*v_i.
+    start = shifted(state.workers, self.look_ahead_shift(state.worker_opt["inner"]))
     updates, inner_state, _, loss, aux = local_update(
-      self.inner, state.workers, state.worker_opt["inner"], batch, loss_fn
+      self.inner, state.workers, state.worker_opt["inner"], batch, loss_fn, at=start
     )
     count = state.worker_steps.shape[0]
 
     # x_i + u_i is formed inside each branch, not once before the cond: XLA
     # then compiles the step as it always has, and plain EASGD keeps its bits.
     def local_only():
-      return jax.tree.map(jnp.add, state.workers, updates), state.center, state.center_opt
+      return jax.tree.map(jnp.add, start, updates), state.center, state.center_opt
 
     def with_exchange():
-      stepped = jax.tree.map(jnp.add, state.workers, updates)
+      stepped = jax.tree.map(jnp.add, start, updates)
       read = state.workers if self.pull == Pull.ELASTIC else stepped
       distance = model_state.exchanged(
         jax.tree.map(lambda x, c: x - c, read, state.center), self.hyper.average_stats
@@ -163,7 +166,7 @@ class CenterRule(Rule):
       # The worker pulls itself with its own exact difference; only what it
       # sends is compressed.
       alpha = self.hyper.moving_rate
-      workers = jax.tree.map(lambda x, u, d: x + u - alpha * d, state.workers, updates, distance)
+      workers = jax.tree.map(lambda x, u, d: x + u - alpha * d, start, updates, distance)
       return workers, center, center_opt
 
     is_exchange = (state.step + 1) % self.hyper.comm_period == 0
@@ -203,16 +206,19 @@ class SyncEASGD(CenterRule):
 
 
 class SyncMEASGD(SyncEASGD):
-  """Synchronous momentum EASGD: Sync EASGD whose inner SGD has momentum mu. Its
-  velocity is optax's trace m_i of the inner optimizer:
-      m_i <- mu*m_i + g_i;  u_i = -eta_t*m_i  (Nesterov: u_i = -eta_t*(g_i + mu*m_i))
-  and x_i <- x_i + u_i [- alpha*(x_i - x~)]. EAMSGD is from Zhang, Choromanska,
-  LeCun (NIPS 2015; their Nesterov step evaluates g_i at x_i + mu*v_i, which
-  optax's form is a change of variables of), MEASGD from You, Buluc, Demmel (SC17).
+  """Synchronous momentum EASGD: Sync EASGD whose inner SGD has momentum mu.
+  Classic (MEASGD, You, Buluc, Demmel, SC17), with optax's trace m_i:
+      m_i <- mu*m_i + g_i(x_i);  u_i = -eta_t*m_i
+  Nesterov (EAMSGD, Zhang, Choromanska, LeCun, NIPS 2015, Algorithm 2), with
+  the paper's velocity v_i and the gradient at the look-ahead point:
+      v_i <- mu*v_i - eta_t*g_i(x_i + mu*v_i);  u_i = v_i
+  and in both x_i <- x_i + u_i [- alpha*(x_i - x~) on exchange steps]. At
+  v_i = 0 (the first step) EAMSGD's step is EASGD's, bit for bit.
   """
 
   name = "sync_measgd"
   momentum = Momentum.REQUIRED
+  look_ahead = True
   defaults = MOMENTUM_DEFAULTS
   inner_optimizers = ("sgd",)
   inner_reason = "it is defined by its momentum SGD"

@@ -60,6 +60,7 @@ from easgd.rules.base import (
   exchange_key,
   initial_state,
   local_update,
+  shifted,
   stack_workers,
   sum_over_workers,
 )
@@ -125,9 +126,10 @@ class ParameterServerRule(Rule):
   def local_step(self, state: TrainState, batch, loss_fn, stepping: jax.Array):
     """Local step of this device's workers that are in the tick.
 
-    Returns (workers, worker_opt, updates still to apply, loss, accuracy);
-    the elastic rules apply their update after the master's operations. The
-    threads runtime (easgd.train.runtimes.threads) calls it for one worker at a time.
+    Returns (workers, worker_opt, pending, loss, accuracy); the elastic rules
+    apply their update after the master's operations (`apply_pending`), the
+    others have none pending (None). The threads runtime
+    (easgd.train.runtimes.threads) calls it for one worker at a time.
     """
     hyper = self.hyper
 
@@ -139,20 +141,36 @@ class ParameterServerRule(Rule):
     # Every worker computes; the mask keeps the result of those in the tick.
     # (Skipping idle workers with lax.cond made the step about 3x slower on CPU.)
     worker_opt = dict(state.worker_opt)
+    # Where each local step starts: x_i, or EAMSGD's look-ahead point x_i + mu*v_i.
+    shift = self.look_ahead_shift(worker_opt["inner"])
     updates, inner_state, grads, loss, aux = local_update(
-      self.inner, state.workers, worker_opt["inner"], batch, loss_fn
+      self.inner,
+      state.workers,
+      worker_opt["inner"],
+      batch,
+      loss_fn,
+      at=shifted(state.workers, shift),
     )
     worker_opt["inner"] = where(inner_state, worker_opt["inner"])
     if self.elastic:
       # Applied after the master's operations, which read x_i from before the step.
-      zeros = jax.tree.map(jnp.zeros_like, updates)
-      return state.workers, worker_opt, where(updates, zeros), loss, aux["accuracy"]
+      def stepping_only(tree):
+        return None if tree is None else where(tree, jax.tree.map(jnp.zeros_like, tree))
+
+      pending = (stepping_only(shift), stepping_only(updates))
+      return state.workers, worker_opt, pending, loss, aux["accuracy"]
     workers = where(jax.tree.map(jnp.add, state.workers, updates), state.workers)
     accum = worker_opt["accum"]
     # G_j gathers the (L2-decayed) gradients, and the statistics' local changes.
     pushed = model_state.stats_step(decayed(hyper, grads, state.workers), state.workers, aux)
     worker_opt["accum"] = where(jax.tree.map(jnp.add, accum, pushed), accum)
     return workers, worker_opt, None, loss, aux["accuracy"]
+
+  def apply_pending(self, base, pending):
+    """`base` (x_j, or x_j - e after its exchange) moved by the local step that
+    `local_step` left pending: base + u_j, or EAMSGD's (base + mu*v_j) + u_j."""
+    shift, updates = pending
+    return jax.tree.map(jnp.add, shifted(base, shift), updates)
 
   def serve_read(self, carry, j, key, locked: bool):
     """Request of worker j; locked: READ and WRITE at once. `key` draws the
@@ -239,7 +257,7 @@ class ParameterServerRule(Rule):
     count = state.worker_steps.shape[0]
     first = lax.axis_index(AXIS) * count
     stepping = lax.dynamic_slice_in_dim(tick["local"], first, count)
-    workers, worker_opt, updates, loss, accuracy = self.local_step(state, batch, loss_fn, stepping)
+    workers, worker_opt, pending, loss, accuracy = self.local_step(state, batch, loss_fn, stepping)
     steps_done = state.worker_steps + stepping.astype(jnp.int32)
     key = exchange_key(state)
     center, center_opt, workers, worker_opt = lax.cond(
@@ -251,8 +269,8 @@ class ParameterServerRule(Rule):
       workers,
       worker_opt,
     )
-    if updates is not None:
-      workers = jax.tree.map(jnp.add, workers, updates)
+    if pending is not None:
+      workers = self.apply_pending(workers, pending)
     weight = stepping.astype(jnp.float32)
     totals = sum_over_workers(
       {
@@ -308,11 +326,14 @@ class AsyncEASGD(ElasticMaster):
 
 
 class AsyncMEASGD(AsyncEASGD):
-  """Async EASGD whose inner SGD must have momentum, as sync_measgd's:
-  m_i <- mu*m_i + g_i;  x_i <- x_i - eta_t*m_i [- alpha*(x_i - x~) on exchange steps]."""
+  """Async EASGD whose inner SGD must have momentum, as sync_measgd's: classic
+  (SC17's Async MEASGD) m_i <- mu*m_i + g_i(x_i), u_i = -eta_t*m_i, or Nesterov
+  (EAMSGD, Zhang et al. 2015, Algorithm 2) v_i <- mu*v_i - eta_t*g_i(x_i + mu*v_i),
+  u_i = v_i; then x_i <- x_i + u_i [- alpha*(x_i - x~) on exchange steps]."""
 
   name = "async_measgd"
   momentum = Momentum.REQUIRED
+  look_ahead = True
   defaults = MOMENTUM_DEFAULTS
   inner_optimizers = ("sgd",)
   inner_reason = "it is defined by its momentum SGD"

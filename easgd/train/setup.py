@@ -80,7 +80,7 @@ def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) ->
   validation.validate_partition(config, len(dataset.train_labels), parts)
   saved = checkpoint.saved_config(workdir)
   if saved is not None:
-    validation.check_resumable(saved, config, workdir)
+    validation.check_resumable(saved, config, workdir, checkpoint.saved_revision(workdir))
   return dataset
 
 

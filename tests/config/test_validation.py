@@ -9,6 +9,7 @@ from easgd.config import schema, validation
 from easgd.configs import default
 from easgd.data import datasets
 from easgd.errors import ConfigError
+from easgd.infra import checkpoint
 from runs import config_with
 
 
@@ -145,9 +146,13 @@ def test_batch_must_fit_a_workers_partition():
 
 def test_resuming_with_another_configuration_is_refused():
   saved = default.get_config().to_dict()
-  validation.check_resumable(saved, config_with({"run.total_steps": 5000, "run.devices": 2}), "w")
+  validation.check_resumable(
+    saved, config_with({"run.total_steps": 5000, "run.devices": 2}), "w", checkpoint.REVISION
+  )
   with pytest.raises(ConfigError, match=r"config.optimizer.learning_rate is 0.1 there, 0.2 here"):
-    validation.check_resumable(saved, config_with({"optimizer.learning_rate": 0.2}), "w")
+    validation.check_resumable(
+      saved, config_with({"optimizer.learning_rate": 0.2}), "w", checkpoint.REVISION
+    )
 
 
 def test_resuming_names_a_changed_timing_model_field():
@@ -155,7 +160,7 @@ def test_resuming_names_a_changed_timing_model_field():
   changed = default.get_config()
   changed.cluster.stragglers = (3,)
   with pytest.raises(ConfigError, match=r"config.cluster.stragglers is \[\] there, \[3\] here"):
-    validation.check_resumable(saved, changed, "w")
+    validation.check_resumable(saved, changed, "w", checkpoint.REVISION)
 
 
 @pytest.mark.parametrize(
@@ -187,10 +192,10 @@ def test_a_checkpoint_of_the_flat_config_resumes_under_the_grouped_names():
       target = target.setdefault(part, {})
     target[key] = value
   assert "learning_rate" in flat and "device_memory" in flat["cluster"]
-  validation.check_resumable(flat, default.get_config(), "w")
+  validation.check_resumable(flat, default.get_config(), "w", checkpoint.REVISION)
   flat["learning_rate"] = 0.2
   with pytest.raises(ConfigError, match=r"config.optimizer.learning_rate is 0.2 there, 0.1 here"):
-    validation.check_resumable(flat, default.get_config(), "w")
+    validation.check_resumable(flat, default.get_config(), "w", checkpoint.REVISION)
 
 
 def test_a_checkpoint_of_an_earlier_version_is_named_as_such():
@@ -200,26 +205,46 @@ def test_a_checkpoint_of_an_earlier_version_is_named_as_such():
   with pytest.raises(
     ConfigError, match=r"earlier version, whose config has no config.optimizer.name"
   ):
-    validation.check_resumable(saved, default.get_config(), "w")
+    validation.check_resumable(saved, default.get_config(), "w", checkpoint.REVISION)
   # A field the run does not read may be missing: sync_sgd has no outer optimizer.
   del saved["outer.learning_rate"]
   saved.update(
     {"optimizer.name": "sgd", "outer.exchange_dtype": "float32", "algorithm": "sync_sgd"}
   )
-  validation.check_resumable(saved, config_with(algorithm="sync_sgd"), "w")
+  validation.check_resumable(saved, config_with(algorithm="sync_sgd"), "w", checkpoint.REVISION)
 
 
 def test_a_checkpoint_from_before_dtype_resumes_in_float32():
   saved = schema.flatten(default.get_config().to_dict())
   del saved["dtype"]
-  validation.check_resumable(saved, default.get_config(), "w")
+  validation.check_resumable(saved, default.get_config(), "w", checkpoint.REVISION)
   with pytest.raises(ConfigError, match=r"config.dtype is 'float32' there, 'bfloat16' here"):
-    validation.check_resumable(saved, config_with(dtype="bfloat16"), "w")
+    validation.check_resumable(saved, config_with(dtype="bfloat16"), "w", checkpoint.REVISION)
 
 
 def test_a_checkpoint_from_before_deterministic_sums_resumes_with_them_off():
   saved = schema.flatten(default.get_config().to_dict())
   del saved["deterministic_sums"]
-  validation.check_resumable(saved, default.get_config(), "w")
+  validation.check_resumable(saved, default.get_config(), "w", checkpoint.REVISION)
   with pytest.raises(ConfigError, match=r"config.deterministic_sums is False there, True here"):
-    validation.check_resumable(saved, config_with(deterministic_sums=True), "w")
+    validation.check_resumable(
+      saved, config_with(deterministic_sums=True), "w", checkpoint.REVISION
+    )
+
+
+def test_a_nesterov_measgd_checkpoint_from_before_eamsgds_form_is_named_as_such():
+  nesterov = {"optimizer.momentum": 0.9, "optimizer.nesterov": True}
+  for algorithm in ("sync_measgd", "async_measgd"):
+    config = config_with(nesterov, algorithm=algorithm)
+    with pytest.raises(
+      ConfigError,
+      match=rf"checkpoint of {algorithm} written by an earlier version: its Nesterov step took "
+      r"the gradient at x_i .*use another --workdir",
+    ):
+      validation.check_resumable(config.to_dict(), config, "w", 1)
+    validation.check_resumable(config.to_dict(), config, "w", checkpoint.REVISION)
+  # Classic momentum, and other rules' Nesterov (optax's form), train as before.
+  classic = config_with({"optimizer.momentum": 0.9}, algorithm="async_measgd")
+  validation.check_resumable(classic.to_dict(), classic, "w", 1)
+  easgd = config_with(nesterov, algorithm="sync_easgd")
+  validation.check_resumable(easgd.to_dict(), easgd, "w", 1)

@@ -1,5 +1,6 @@
 """Checkpoints: fingerprints, and a corrupt checkpoint set aside for the one before it."""
 
+import json
 import logging
 import os
 import shutil
@@ -125,3 +126,21 @@ def test_no_intact_checkpoint_is_one_clear_error(tmp_path, finished):
   with pytest.raises(ConfigError, match=r"no checkpoint in .* is intact \(steps 40, 30, 20"):
     trainer.train_and_evaluate(small_config(algorithm="sync_easgd"), str(workdir))
   assert sorted(os.listdir(workdir / "corrupt_checkpoints")) == ["20", "30", "40"]
+
+
+def test_saved_revision_reads_the_newest_checkpoint_and_counts_none_as_the_first(tmp_path):
+  assert checkpoint.saved_revision(str(tmp_path)) is None
+  for step, revision in ((10, None), (20, 7)):
+    folder = tmp_path / "checkpoints" / str(step)
+    (folder / "config").mkdir(parents=True)
+    (folder / "config" / "metadata").write_text(json.dumps({"algorithm": "sync_measgd"}))
+    if revision is not None:
+      (folder / "revision").mkdir()
+      (folder / "revision" / "metadata").write_text(json.dumps({"revision": revision}))
+    assert checkpoint.saved_revision(str(tmp_path)) == (revision or 1)
+
+
+@pytest.mark.e2e
+def test_a_checkpoint_records_this_versions_revision(finished):
+  workdir, _ = finished
+  assert checkpoint.saved_revision(str(workdir)) == checkpoint.REVISION

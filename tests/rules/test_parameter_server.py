@@ -117,7 +117,12 @@ def worker_row(state, i):
 def test_rule_follows_a_literal_parameter_server(name, num_devices):
   _, _, _, server, mu, nesterov = REFERENCE[name]
   # async_msgd's momentum is its master's; a momentum rule's workers have it.
-  inner = numpy_optim.sgd(ETA, mu, nesterov) if mu and server != "momentum" else None
+  if not mu or server == "momentum":
+    inner = None
+  elif nesterov:
+    inner = numpy_optim.LookAheadSGD(numpy_optim.constant(ETA), mu)
+  else:
+    inner = numpy_optim.sgd(ETA, mu)
   follows_the_event_loop(name, hyper_for(name), inner, num_devices)
 
 
@@ -138,6 +143,16 @@ def test_rule_follows_a_literal_parameter_server(name, num_devices):
       "downpour",  # the master's learning rate is the pusher's, at its last local step
       dict(momentum=0.0, schedule="warmup_cosine", warmup_steps=3),
       numpy_optim.Optimizer("sgd", numpy_optim.warmup_cosine(ETA, 3, 30)),
+    ),
+    (
+      "async_measgd",  # SC17's classic form, with an L2 term
+      dict(nesterov=False, schedule="warmup_cosine", warmup_steps=3, weight_decay=0.1),
+      numpy_optim.Optimizer("sgd", numpy_optim.warmup_cosine(ETA, 3, 30), mu=MU, wd=0.1),
+    ),
+    (
+      "async_measgd",  # EAMSGD's look-ahead form: the L2 term's gradient at the look-ahead too
+      dict(schedule="warmup_step", warmup_steps=2, boundaries=(0.3,), weight_decay=0.1),
+      numpy_optim.LookAheadSGD(numpy_optim.warmup_step(ETA, 2, 30, (0.3,), 0.1), MU, wd=0.1),
     ),
     (
       "async_msgd",

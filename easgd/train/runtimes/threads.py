@@ -60,14 +60,14 @@ def programs(rule: Rule, loss_fn, batch_size: int, augment):
       worker_steps=worker_steps,
     )
     stepping = worker >= 0  # always; a value XLA cannot fold, as in the tick program
-    new_workers, new_opt, updates, loss, accuracy = rule.local_step(view, batch, loss_fn, stepping)
+    new_workers, new_opt, pending, loss, accuracy = rule.local_step(view, batch, loss_fn, stepping)
     # What the worker keeps crosses a conditional, as it crosses the master's in
     # the simulated step (ParameterServerRule.step): XLA then fuses (and rounds)
     # the update's arithmetic alike in both programs.
-    kept = base if updates is not None else new_workers
+    kept = base if pending is not None else new_workers
     kept, new_opt = lax.cond(worker[0] >= 0, lambda *a: a, lambda *a: a, kept, new_opt)
-    if updates is not None:
-      kept = jax.tree.map(jnp.add, kept, updates)
+    if pending is not None:
+      kept = rule.apply_pending(kept, pending)
     return kept, new_opt, loss, accuracy
 
   def master(center, center_opt, row, rng, tick, position, kind):

@@ -61,12 +61,15 @@ def _assert_same_bits(a_dir, b_dir, step):
     ("original_easgd", 4, False),  # round robin (a straggler holds up every round)
     ("hogwild_easgd", 2, True),  # no lock
     ("hogwild_sgd", 4, True),
+    ("async_measgd", 2, True),  # EAMSGD: the step starts from the look-ahead point
   ],
 )
 def test_a_recorded_run_replays_to_the_same_bits(tmp_path, algorithm, workers, straggler):
   overrides = {"cluster.stragglers": (1,), "cluster.straggler_slowdown": 3.0} if straggler else {}
   if algorithm == "async_easgd":
     overrides |= {"model": "lenet5", "outer.moving_rate": 0.0}  # the default's
+  if algorithm == "async_measgd":
+    overrides |= {"optimizer.momentum": 0.9, "optimizer.nesterov": True}
   config = _config(algorithm, workers, **overrides)
   real, replay = _record_and_replay(tmp_path, config)
   for step in (12, 24):  # every checkpoint is a cut of the same tick
