@@ -41,7 +41,6 @@ from easgd import arguments, rules  # noqa: E402
 from easgd.config import schema, validation  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.errors import ConfigError  # noqa: E402
-from easgd.infra import checkpoint  # noqa: E402
 from easgd.sim import sizing  # noqa: E402
 from easgd.train import trainer  # noqa: E402
 
@@ -254,9 +253,7 @@ def main():
         config = config_for(rule, args.total_steps, 25, seed, overrides)
         runtime = trainer.check(config)
         workdir = os.path.join(args.workdir, rule, f"seed_{seed}")
-        saved = checkpoint.saved_config(workdir)
-        if saved is not None:
-          validation.check_resumable(saved, config, workdir)
+        saved = validation.check_workdir(config, workdir)
         runs[rule, seed] = config, runtime, workdir, saved
   except (ValueError, TypeError) as error:
     arguments.fail(str(error))

@@ -70,9 +70,7 @@ def check(args, rule: str, dtype: str, overrides: dict) -> None:
     config = config_for(rule, dtype, args.total_steps, seed, overrides)
     trainer.check(config)
     workdir = workdir_of(args, rule, dtype, seed)
-    saved = checkpoint.saved_config(workdir)
-    if saved is not None:
-      validation.check_resumable(saved, config, workdir)
+    validation.check_workdir(config, workdir)
 
 
 def train(rule, dtype, args, overrides, progress: str) -> list[dict]:

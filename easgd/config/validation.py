@@ -13,7 +13,7 @@ import ml_collections
 
 from easgd.config import fields, optimizer_checks, schema
 from easgd.errors import ConfigError, require
-from easgd.infra import profiler
+from easgd.infra import checkpoint, profiler
 from easgd.pipeline import checks as pipeline_checks
 from easgd.pipeline.programs import PER_MODEL_FIELDS
 from easgd.rules import RULES
@@ -92,13 +92,6 @@ def check_resumable(
   trajectory: only fields that do not shape it (easgd.config.schema) may differ,
   and its rule's equations must not have changed since the checkpoint's
   `revision` (easgd.infra.checkpoint.REVISION, `Rule.changed_since`)."""
-  rule = RULES.get(config.algorithm)
-  changed = rule.changed_since(revision, config.optimizer) if rule is not None else ""
-  if changed:
-    raise ConfigError(
-      f"workdir {workdir!r} holds a checkpoint of {config.algorithm} written by an earlier "
-      f"version: {changed}; this version cannot resume it: use another --workdir"
-    )
   # A checkpoint of an earlier version has flat names: compare under the grouped ones.
   saved = schema.grouped(saved)
   current = schema.flatten(config.to_dict())
@@ -122,3 +115,20 @@ def check_resumable(
         f"(config.{field} is {saved.get(field)!r} there, {current.get(field)!r} here); "
         "use another --workdir or the same configuration"
       )
+  # The same configuration: what may differ is what the rule's equations were then.
+  rule = RULES.get(config.algorithm)
+  changed = rule.changed_since(revision, config.optimizer) if rule is not None else ""
+  if changed:
+    raise ConfigError(
+      f"workdir {workdir!r} holds a checkpoint of {config.algorithm} written by an earlier "
+      f"version: {changed}; it cannot be resumed: use another --workdir"
+    )
+
+
+def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
+  """`check_resumable` for the checkpoint in `workdir`, if there is one; returns its
+  configuration (None: no checkpoint). Writes nothing."""
+  saved = checkpoint.saved_config(workdir)
+  if saved is not None:
+    check_resumable(saved, config, workdir, checkpoint.saved_revision(workdir))
+  return saved

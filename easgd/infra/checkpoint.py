@@ -175,11 +175,17 @@ def saved_revision(workdir: str) -> int | None:
   newest = _newest_readable(workdir)
   if newest is None:
     return None
+  path = os.path.join(newest[0], _REVISION, "metadata")
   try:
-    with open(os.path.join(newest[0], _REVISION, "metadata")) as handle:
+    with open(path) as handle:
       return int(json.load(handle)[_REVISION])
   except FileNotFoundError:
     return 1
+  except (OSError, ValueError, KeyError, TypeError) as error:
+    raise ConfigError(
+      f"{path} is not a checkpoint revision ({type(error).__name__}); "
+      "move the checkpoint away or use another --workdir"
+    ) from None
 
 
 def _newest_readable(workdir: str) -> tuple[str, dict] | None:

@@ -100,7 +100,11 @@ def inner(hyper) -> optax.GradientTransformation:
     )
   if hyper.optimizer != "sgd":
     raise ValueError(f"unknown optimizer {hyper.optimizer!r}; valid: {', '.join(INNER)}")
-  sgd = optax.sgd(rate, momentum=hyper.momentum or None, nesterov=hyper.nesterov)
+  return _with_l2(hyper, optax.sgd(rate, momentum=hyper.momentum or None, nesterov=hyper.nesterov))
+
+
+def _with_l2(hyper, sgd: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`sgd` on g + lambda*x (coupled L2: optax's SGD convention)."""
   if not hyper.weight_decay:
     # Left out rather than added as 0*x: the bits of plain SGD are those of -eta*g.
     return sgd
@@ -137,10 +141,7 @@ def look_ahead_sgd(hyper) -> optax.GradientTransformation:
     velocity = jax.tree.map(lambda v, u: hyper.momentum * v + u, state.velocity, updates)
     return updates, VelocityState(velocity, optax.safe_increment(state.count))
 
-  sgd = optax.GradientTransformation(init, update)
-  if not hyper.weight_decay:
-    return sgd
-  return optax.chain(optax.add_decayed_weights(hyper.weight_decay), sgd)
+  return _with_l2(hyper, optax.GradientTransformation(init, update))
 
 
 def look_ahead_shift(hyper, state):

@@ -126,9 +126,9 @@ class ParameterServerRule(Rule):
   def local_step(self, state: TrainState, batch, loss_fn, stepping: jax.Array):
     """Local step of this device's workers that are in the tick.
 
-    Returns (workers, worker_opt, pending, loss, accuracy); the elastic rules
-    apply their update after the master's operations (`apply_pending`), the
-    others have none pending (None). The threads runtime
+    Returns (workers, worker_opt, deferred, loss, accuracy); the elastic rules
+    apply their step after the master's operations (`apply_deferred`), the
+    others defer none (None). The threads runtime
     (easgd.train.runtimes.threads) calls it for one worker at a time.
     """
     hyper = self.hyper
@@ -137,6 +137,10 @@ class ParameterServerRule(Rule):
       return jax.tree.map(
         lambda n, o: jnp.where(stepping.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old
       )
+
+    def stepping_only(tree):
+      """`tree` for the workers in the tick, zeros for the others."""
+      return None if tree is None else where(tree, jax.tree.map(jnp.zeros_like, tree))
 
     # Every worker computes; the mask keeps the result of those in the tick.
     # (Skipping idle workers with lax.cond made the step about 3x slower on CPU.)
@@ -154,11 +158,8 @@ class ParameterServerRule(Rule):
     worker_opt["inner"] = where(inner_state, worker_opt["inner"])
     if self.elastic:
       # Applied after the master's operations, which read x_i from before the step.
-      def stepping_only(tree):
-        return None if tree is None else where(tree, jax.tree.map(jnp.zeros_like, tree))
-
-      pending = (stepping_only(shift), stepping_only(updates))
-      return state.workers, worker_opt, pending, loss, aux["accuracy"]
+      deferred = (stepping_only(shift), stepping_only(updates))
+      return state.workers, worker_opt, deferred, loss, aux["accuracy"]
     workers = where(jax.tree.map(jnp.add, state.workers, updates), state.workers)
     accum = worker_opt["accum"]
     # G_j gathers the (L2-decayed) gradients, and the statistics' local changes.
@@ -166,10 +167,10 @@ class ParameterServerRule(Rule):
     worker_opt["accum"] = where(jax.tree.map(jnp.add, accum, pushed), accum)
     return workers, worker_opt, None, loss, aux["accuracy"]
 
-  def apply_pending(self, base, pending):
+  def apply_deferred(self, base, deferred):
     """`base` (x_j, or x_j - e after its exchange) moved by the local step that
-    `local_step` left pending: base + u_j, or EAMSGD's (base + mu*v_j) + u_j."""
-    shift, updates = pending
+    `local_step` deferred: base + u_j, or EAMSGD's (base + mu*v_j) + u_j."""
+    shift, updates = deferred
     return jax.tree.map(jnp.add, shifted(base, shift), updates)
 
   def serve_read(self, carry, j, key, locked: bool):
@@ -257,7 +258,7 @@ class ParameterServerRule(Rule):
     count = state.worker_steps.shape[0]
     first = lax.axis_index(AXIS) * count
     stepping = lax.dynamic_slice_in_dim(tick["local"], first, count)
-    workers, worker_opt, pending, loss, accuracy = self.local_step(state, batch, loss_fn, stepping)
+    workers, worker_opt, deferred, loss, accuracy = self.local_step(state, batch, loss_fn, stepping)
     steps_done = state.worker_steps + stepping.astype(jnp.int32)
     key = exchange_key(state)
     center, center_opt, workers, worker_opt = lax.cond(
@@ -269,8 +270,8 @@ class ParameterServerRule(Rule):
       workers,
       worker_opt,
     )
-    if pending is not None:
-      workers = self.apply_pending(workers, pending)
+    if deferred is not None:
+      workers = self.apply_deferred(workers, deferred)
     weight = stepping.astype(jnp.float32)
     totals = sum_over_workers(
       {

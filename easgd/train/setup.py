@@ -78,9 +78,7 @@ def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) ->
   """
   dataset = load_dataset(config.data.dataset, config.run.data_dir)
   validation.validate_partition(config, len(dataset.train_labels), parts)
-  saved = checkpoint.saved_config(workdir)
-  if saved is not None:
-    validation.check_resumable(saved, config, workdir, checkpoint.saved_revision(workdir))
+  validation.check_workdir(config, workdir)
   return dataset
 
 

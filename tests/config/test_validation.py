@@ -1,6 +1,7 @@
 """Every bad input is named in one line with what is allowed."""
 
 import importlib
+import json
 
 import pytest
 
@@ -248,3 +249,18 @@ def test_a_nesterov_measgd_checkpoint_from_before_eamsgds_form_is_named_as_such(
   validation.check_resumable(classic.to_dict(), classic, "w", 1)
   easgd = config_with(nesterov, algorithm="sync_easgd")
   validation.check_resumable(easgd.to_dict(), easgd, "w", 1)
+
+
+def test_another_configuration_is_named_before_the_revision(tmp_path):
+  """A checkpoint of another rule is that, whatever its revision; a workdir's
+  checkpoint without a revision is the first one's."""
+  nesterov = config_with({"optimizer.momentum": 0.9, "optimizer.nesterov": True})
+  nesterov.algorithm = "sync_measgd"
+  with pytest.raises(ConfigError, match=r"config.algorithm is 'sync_easgd' there"):
+    validation.check_resumable(default.get_config().to_dict(), nesterov, "w", 1)
+  folder = tmp_path / "checkpoints" / "10" / "config"
+  folder.mkdir(parents=True)
+  (folder / "metadata").write_text(json.dumps(nesterov.to_dict()))
+  with pytest.raises(ConfigError, match=r"written by an earlier version"):
+    validation.check_workdir(nesterov, str(tmp_path))
+  assert validation.check_workdir(nesterov, str(tmp_path / "elsewhere")) is None

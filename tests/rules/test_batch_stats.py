@@ -168,6 +168,16 @@ CASES = tiers.cases([(name, False) for name in WITH_WORKERS] + [(name, True) for
 
 @pytest.mark.parametrize("name,average_stats", CASES)
 def test_every_rule_keeps_or_averages_statistics(name, average_stats):
+  keeps_or_averages_statistics(name, average_stats)
+
+
+@pytest.mark.parametrize("average_stats", [False, True])
+@pytest.mark.parametrize("name", ["sync_measgd", "async_measgd"])
+def test_eamsgds_look_ahead_moves_the_parameters_alone(name, average_stats):
+  keeps_or_averages_statistics(name, average_stats, nesterov=True)
+
+
+def keeps_or_averages_statistics(name, average_stats, nesterov=False):
   """local: worker i's statistics are the running average over its own batches
   alone, whatever the rule exchanges; averaged: they reach the center."""
   workers, ticks = 4, 8
@@ -176,6 +186,7 @@ def test_every_rule_keeps_or_averages_statistics(name, average_stats):
     workers,
     ETA,
     momentum=momentum,
+    nesterov=nesterov,
     comm_period=2,
     moving_rate=ALPHA,
     n_sync=2,

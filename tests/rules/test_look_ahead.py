@@ -82,7 +82,7 @@ def positions(state):
 def test_the_first_step_of_each_async_eamsgd_worker_is_async_easgds_bit_for_bit():
   """Every tick before any worker's second local step, exchanges included."""
   x0, batches = make_data(WORKERS, steps_count=10)
-  eamsgd = dataclasses.replace(hyper_for("async_measgd"), comm_period=1)
+  eamsgd = dataclasses.replace(hyper_for("async_measgd", WORKERS), comm_period=1)
   easgd = dataclasses.replace(eamsgd, momentum=0.0, nesterov=False)
   with_momentum, ticks = run_ticks("async_measgd", eamsgd, EQUAL, x0, batches, 8, 2)
   without, _ = run_ticks("async_easgd", easgd, EQUAL, x0, batches, 8, 2)

@@ -46,9 +46,10 @@ def programs(rule: Rule, loss_fn, batch_size: int, augment):
   """The pieces, each jitted alone: a worker's local step, and the master's operations."""
 
   def local(workers, worker_opt, worker_steps, rng, images, labels, worker, base):
-    """The local step at `workers`; the EASGD family adds its update to `base` (x_j,
-    or x_j - e after the exchange), in the same program as the simulated runtime
-    does: XLA fuses the update's last product into that sum."""
+    """The local step at `workers`; the EASGD family applies its deferred step to
+    `base` (x_j, or x_j - e after the exchange: `apply_deferred`), in the same
+    program as the simulated runtime does: XLA fuses the update's last product
+    into that sum."""
     batch = steps.sample_batches(images, labels, rng, worker, worker_steps, batch_size, augment)
     view = TrainState(
       step=0,
@@ -60,14 +61,14 @@ def programs(rule: Rule, loss_fn, batch_size: int, augment):
       worker_steps=worker_steps,
     )
     stepping = worker >= 0  # always; a value XLA cannot fold, as in the tick program
-    new_workers, new_opt, pending, loss, accuracy = rule.local_step(view, batch, loss_fn, stepping)
+    new_workers, new_opt, deferred, loss, accuracy = rule.local_step(view, batch, loss_fn, stepping)
     # What the worker keeps crosses a conditional, as it crosses the master's in
     # the simulated step (ParameterServerRule.step): XLA then fuses (and rounds)
     # the update's arithmetic alike in both programs.
-    kept = base if pending is not None else new_workers
+    kept = base if deferred is not None else new_workers
     kept, new_opt = lax.cond(worker[0] >= 0, lambda *a: a, lambda *a: a, kept, new_opt)
-    if pending is not None:
-      kept = rule.apply_pending(kept, pending)
+    if deferred is not None:
+      kept = rule.apply_deferred(kept, deferred)
     return kept, new_opt, loss, accuracy
 
   def master(center, center_opt, row, rng, tick, position, kind):
