@@ -218,8 +218,14 @@ def main():
   parser.add_argument("--total_steps", type=arguments.integer(1), default=600)
   parser.add_argument("--seeds", type=arguments.integer(1), default=3)
   # The elastic and gradient-pushing rules, synchronous and asynchronous; the reset
-  # rules of the center family have their own study (studies/outer.py).
-  compared = [n for n in rules.names() if rules.Pull.RESET not in rules.RULES[n].pulls]
+  # rules of the center family and the streaming rules have their own study
+  # (studies/outer.py).
+  compared = [
+    n
+    for n in rules.names()
+    if rules.Pull.RESET not in rules.RULES[n].pulls
+    and "outer.fragments" not in rules.RULES[n].reads
+  ]
   parser.add_argument("--rules", default=",".join(compared), help="comma-separated rules")
   parser.add_argument(
     "--set", action="append", default=[], metavar="FIELD=VALUE", help="a config override"

@@ -1,23 +1,24 @@
-"""The center family on mnist5k: accuracy at equal simulated time and at equal bytes sent.
+"""The center family and the streaming rules on mnist5k: accuracy at equal simulated
+time and at equal bytes sent, and the peak bytes a step sends.
 
     python studies/outer.py --workdir runs/outer [--total_steps 400] [--seeds 3]
-        [--rules sync_sgd,sync_easgd,local_sgd,diloco,lookahead] [--set FIELD=VALUE ...]
+        [--runs sync_sgd,diloco,streaming_diloco-F2,...] [--set FIELD=VALUE ...]
 
-Trains each rule with its recipe (RECIPES below) on LeNet-5, 8 workers of
-batch 32, the default timing model, one run per rule and seed in
-<workdir>/<rule>/<dtype>/seed_<n> (finished runs are reused, so the study
-resumes). Then the two rules with the best accuracy at equal simulated time
-among those float32 runs run again with each compressed exchange (bfloat16, int8). Writes
+Trains each run (RUNS below: a rule and its recipe) on LeNet-5, 8 workers of
+batch 32, the default timing model, one run per name and seed in
+<workdir>/<run>/<dtype>/seed_<n> (finished runs are reused, so the study
+resumes). Then the two runs with the best accuracy at equal simulated time
+among those float32 runs run again with each compressed exchange they can send
+(bfloat16, int8; int4 for the streaming rules). Writes
 docs/outer_table.md (means over the seeds) and docs/outer.png (center test
 accuracy against simulated seconds and against megabytes sent per worker).
 
-"Equal simulated time" compares the rules at the simulated second the
+"Equal simulated time" compares the runs at the simulated second the
 fastest-finishing of them reached; "equal bytes" at the megabytes per worker
-the most frugal of them sent: each rule's last evaluation (every 25 steps)
+the most frugal of them sent: each run's last evaluation (every 25 steps)
 within that budget.
 """
 
-import itertools
 import os
 import sys
 
@@ -32,26 +33,38 @@ from easgd.errors import ConfigError
 from easgd.infra import checkpoint
 from easgd.train import trainer
 
-RULES = ("sync_sgd", "sync_easgd", "local_sgd", "diloco", "lookahead")
-DTYPES = ("bfloat16", "int8")
+DTYPES = ("bfloat16", "int8", "int4")
 EVERY = 25
-# Each rule's recipe, over the default config (SGD at 0.1, tau = 4, alpha = 0.9/8).
-RECIPES = {
-  "sync_sgd": {},
-  "sync_easgd": {},
-  "local_sgd": {},
-  # DiLoCo's: AdamW inside, the outer Nesterov SGD at 0.7 and 0.9 (the default's).
-  "diloco": {"optimizer.name": "adamw", "optimizer.learning_rate": 1e-3},
+# DiLoCo's optimizers: AdamW inside, the outer Nesterov SGD at 0.7 and 0.9 (the default's).
+DILOCO = {"optimizer.name": "adamw", "optimizer.learning_rate": 1e-3}
+# The study's runs: a name each, its rule, and its recipe over the default config
+# (SGD at 0.1, tau = 4, alpha = 0.9/8). The streaming rules send one of F fragments
+# every 4/F steps, each overlapped with one inner step.
+RUNS = {
+  "sync_sgd": ("sync_sgd", {}),
+  "sync_easgd": ("sync_easgd", {}),
+  "local_sgd": ("local_sgd", {}),
+  "diloco": ("diloco", DILOCO),
   # Lookahead's paper default: slow weights move half way.
-  "lookahead": {"outer.learning_rate": 0.5},
+  "lookahead": ("lookahead", {"outer.learning_rate": 0.5}),
+  "streaming_diloco-F2": (
+    "streaming_diloco",
+    {**DILOCO, "outer.fragments": 2, "outer.sync_delay": 1},
+  ),
+  "streaming_diloco-F4": (
+    "streaming_diloco",
+    {**DILOCO, "outer.fragments": 4, "outer.sync_delay": 1},
+  ),
+  "streaming_easgd-F2": ("streaming_easgd", {"outer.fragments": 2, "outer.sync_delay": 1}),
 }
 
 
-def config_for(rule: str, dtype: str, total_steps: int, seed: int, overrides: dict):
+def config_for(run: str, dtype: str, total_steps: int, seed: int, overrides: dict):
+  rule, recipe = RUNS[run]
   config = default.get_config()
   config.algorithm = rule
   config.seed = seed
-  config.update_from_flattened_dict(RECIPES.get(rule, {}))
+  config.update_from_flattened_dict(recipe)
   config.outer.exchange_dtype = dtype
   config.run.total_steps = total_steps
   config.run.log_every = config.run.eval_every = EVERY
@@ -60,29 +73,34 @@ def config_for(rule: str, dtype: str, total_steps: int, seed: int, overrides: di
   return config
 
 
-def workdir_of(args, rule: str, dtype: str, seed: int) -> str:
-  return os.path.join(args.workdir, rule, dtype, f"seed_{seed}")
+def dtypes_of(run: str) -> tuple[str, ...]:
+  """The compressed exchanges `run` can send (int4: the streaming rules)."""
+  return tuple(dtype for dtype in DTYPES if dtype in rules.RULES[RUNS[run][0]].exchange_dtypes)
 
 
-def check(args, rule: str, dtype: str, overrides: dict) -> None:
-  """Every run of `rule` sending `dtype` is valid, and any workdir it finds is its own."""
+def workdir_of(args, run: str, dtype: str, seed: int) -> str:
+  return os.path.join(args.workdir, run, dtype, f"seed_{seed}")
+
+
+def check(args, run: str, dtype: str, overrides: dict) -> None:
+  """Every seed of `run` sending `dtype` is valid, and any workdir it finds is its own."""
   for seed in range(args.seeds):
-    config = config_for(rule, dtype, args.total_steps, seed, overrides)
+    config = config_for(run, dtype, args.total_steps, seed, overrides)
     trainer.check(config)
-    workdir = workdir_of(args, rule, dtype, seed)
+    workdir = workdir_of(args, run, dtype, seed)
     validation.check_workdir(config, workdir)
 
 
-def train(rule, dtype, args, overrides, progress: str) -> list[dict]:
-  """The curves of each seed's run of `rule` sending `dtype`, training what is missing
-  (`check` has accepted them all); `progress` says which of the study's rules this is."""
+def train(run, dtype, args, overrides, progress: str) -> list[dict]:
+  """The curves of each seed of `run` sending `dtype`, training what is missing
+  (`check` has accepted them all); `progress` says which of the study's runs this is."""
   curves = []
   for seed in range(args.seeds):
-    config = config_for(rule, dtype, args.total_steps, seed, overrides)
-    workdir = workdir_of(args, rule, dtype, seed)
+    config = config_for(run, dtype, args.total_steps, seed, overrides)
+    workdir = workdir_of(args, run, dtype, seed)
     saved = checkpoint.saved_config(workdir)
     if saved is None or asynchrony.saved_total_steps(saved) != args.total_steps:
-      print(f"{progress}: training {rule} ({dtype}), seed {seed} ...", flush=True)
+      print(f"{progress}: training {run} ({dtype}), seed {seed} ...", flush=True)
       trainer.train_and_evaluate(config, workdir)
     curves.append(asynchrony.curves(workdir))
   return curves
@@ -108,37 +126,41 @@ def write_table(results, path, command, args, time_budget, byte_budget):
     "steps each, the default config's timing model (10 ms steps, the slowest worker 1.5x "
     "slower, 10% jitter, 1 Gbit/s ring all-reduce), tau = 4. Recipes in studies/outer.py: "
     "SGD at 0.1 inside every rule but diloco (AdamW at 1e-3, outer Nesterov SGD 0.7/0.9); "
-    "sync_easgd alpha = 0.9/8; local_sgd outer SGD at 1; lookahead slow-weight rate 0.5. "
+    "sync_easgd alpha = 0.9/8; local_sgd outer SGD at 1; lookahead slow-weight rate 0.5; "
+    "streaming_diloco-F<F> is diloco's recipe in F fragments, each overlapped with one "
+    "inner step (merge 1), streaming_easgd-F2 sync_easgd's in 2. The peak is the most "
+    "bytes a worker sends in one step. "
     f"Means over {args.seeds} seeds; accuracy is the center's on the 1,000 test digits, "
     f"read at the last evaluation (every {EVERY} steps) within each budget.",
     "",
-    f"| rule | exchange | acc. at {time_budget:.2f} sim s | acc. at {byte_budget:.1f} MB "
-    "| final acc. | final sim s | MB sent per worker |",
-    "|---|---|---|---|---|---|---|",
+    f"| run | exchange | acc. at {time_budget:.2f} sim s | acc. at {byte_budget:.1f} MB "
+    "| final acc. | final sim s | MB sent per worker | peak kB sent in a step |",
+    "|---|---|---|---|---|---|---|---|",
   ]
-  for (rule, dtype), scalars in results.items():
+  for (run, dtype), scalars in results.items():
     lines.append(
-      f"| {rule} | {dtype} | {at_budget(scalars, 'sim/time', time_budget):.3f} "
+      f"| {run} | {dtype} | {at_budget(scalars, 'sim/time', time_budget):.3f} "
       f"| {at_budget(scalars, 'megabytes', byte_budget):.3f} "
       f"| {final(scalars, 'eval/center_accuracy'):.3f} | {final(scalars, 'sim/time'):.2f} "
-      f"| {final(scalars, 'megabytes'):.2f} |"
+      f"| {final(scalars, 'megabytes'):.2f} "
+      f"| {final(scalars, 'comm/peak_bytes_per_step') / 1e3:.1f} |"
     )
   with open(path, "w") as table:
     table.write("\n".join(lines) + "\n")
 
 
-STYLES = {"float32": "-", "bfloat16": "--", "int8": ":"}
+STYLES = {"float32": "-", "bfloat16": "--", "int8": ":", "int4": "-."}
 
 
 def plot(results, path, title):
   figure, (by_time, by_bytes) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
-  colors = {rule: plt.get_cmap("tab10").colors[n] for n, rule in enumerate(RULES)}
-  for (rule, dtype), scalars in results.items():
+  colors = {run: plt.get_cmap("tab10").colors[n] for n, run in enumerate(RUNS)}
+  for (run, dtype), scalars in results.items():
     accuracy = dict(scalars["eval/center_accuracy"])
     steps = sorted(accuracy)
     values = [accuracy[s] for s in steps]
-    style, color = STYLES[dtype], colors.get(rule)
-    label = rule if dtype == "float32" else f"{rule} ({dtype})"
+    style, color = STYLES[dtype], colors.get(run)
+    label = run if dtype == "float32" else f"{run} ({dtype})"
     time, sent = dict(scalars["sim/time"]), dict(scalars["megabytes"])
     by_time.plot([time[s] for s in steps], values, style, color=color, label=label)
     by_bytes.plot([sent[s] for s in steps], values, style, color=color, label=label)
@@ -160,7 +182,7 @@ def main():
   parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
   parser.add_argument("--total_steps", type=arguments.integer(1), default=400)
   parser.add_argument("--seeds", type=arguments.integer(1), default=3)
-  parser.add_argument("--rules", default=",".join(RULES), help="comma-separated rules")
+  parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated runs (RUNS)")
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
   parser.add_argument(
     "--docs",
@@ -174,37 +196,35 @@ def main():
   ):
     arguments.check_overwritable(os.path.join(args.docs, name), made_by)
   absl_logging.set_verbosity(absl_logging.WARNING)
-  chosen = args.rules.split(",")
+  chosen = args.runs.split(",")
   try:
-    unknown = [rule for rule in chosen if rule not in rules.RULES or rules.RULES[rule].policy]
+    unknown = [run for run in chosen if run not in RUNS]
     if unknown:
-      synchronous = ", ".join(rules.names(parameter_server=False))
-      raise ConfigError(
-        f"--rules: not a synchronous rule: {', '.join(unknown)}; allowed: {synchronous}"
-      )
+      raise ConfigError(f"--runs: unknown {', '.join(unknown)}; allowed: {', '.join(RUNS)}")
     overrides = asynchrony.parse_overrides(args.set)
     # Before anything trains: a bad setting or another study's workdir is one line
     # now, not a traceback hours in.
-    for rule in chosen:
-      for dtype in ("float32", *DTYPES):
-        check(args, rule, dtype, overrides)
+    for run in chosen:
+      for dtype in ("float32", *dtypes_of(run)):
+        check(args, run, dtype, overrides)
   except (ValueError, TypeError) as error:
     arguments.fail(str(error))
 
   results = {}
-  # Each chosen rule in float32, then the best two with each compressed dtype.
-  total = len(chosen) + min(2, len(chosen)) * len(DTYPES)
-  for number, rule in enumerate(chosen):
-    curves = train(rule, "float32", args, overrides, f"{number + 1}/{total}")
-    results[rule, "float32"] = asynchrony.mean_curves(curves)
+  # Each chosen run in float32, then the best two with each compressed dtype.
+  for number, run in enumerate(chosen, 1):
+    curves = train(run, "float32", args, overrides, f"float32 run {number}/{len(chosen)}")
+    results[run, "float32"] = asynchrony.mean_curves(curves)
   for scalars in results.values():
     scalars["megabytes"] = [(s, v / 1e6) for s, v in scalars["comm/bytes_per_worker"]]
   time_budget = min(final(s, "sim/time") for s in results.values())
-  best = sorted(chosen, key=lambda r: -at_budget(results[r, "float32"], "sim/time", time_budget))
-  for number, (rule, dtype) in enumerate(itertools.product(best[:2], DTYPES), len(chosen) + 1):
-    scalars = asynchrony.mean_curves(train(rule, dtype, args, overrides, f"{number}/{total}"))
+  best = sorted(chosen, key=lambda n: -at_budget(results[n, "float32"], "sim/time", time_budget))
+  compressed = [(run, dtype) for run in best[:2] for dtype in dtypes_of(run)]
+  for number, (run, dtype) in enumerate(compressed, 1):
+    progress = f"compressed run {number}/{len(compressed)}"
+    scalars = asynchrony.mean_curves(train(run, dtype, args, overrides, progress))
     scalars["megabytes"] = [(s, v / 1e6) for s, v in scalars["comm/bytes_per_worker"]]
-    results[rule, dtype] = scalars
+    results[run, dtype] = scalars
   time_budget = min(final(s, "sim/time") for s in results.values())
   byte_budget = min(final(s, "megabytes") for s in results.values())
   os.makedirs(args.docs, exist_ok=True)

@@ -158,3 +158,53 @@ def pipeline(models, partitions, grad, batch_indices, optimizers, *, num_stages,
         params = {k: params[k] + u[k] for k in params}
     final.append(params)
   return final
+
+
+def streaming(
+  x0, batches, grad, inner, tau, fragments, delay, pull, outer=None, alpha=0.0, merge=1.0
+):
+  """The streaming rules (Streaming DiLoCo and its elastic sibling); returns
+  [(workers, center)] after each step.
+
+  `fragments`: lists of parameter names. With t = steps taken after step t-1, every
+  worker steps x_i <- x_i + u_i; fragment f is sent when (t - f*tau/F) % tau == 0,
+  as d_i = r_i - center on its names (r_i the stepped worker for the reset pull,
+  the worker from before the step for the elastic pull), and its result arrives
+  `delay` steps later: reset: center_f <- center_f + outer step of -mean_i d_i (its
+  own optimizer state), x_i,f <- merge*center_f + (1-merge)*x_i,f; elastic:
+  center_f <- center_f + alpha*sum_i d_i, x_i,f <- x_i,f - alpha*d_i,f.
+  """
+  num_workers, count = len(batches[0]), len(fragments)
+  spacing = tau // count
+  workers = [dict(x0) for _ in range(num_workers)]
+  states = [inner.init(x0) for _ in range(num_workers)]
+  center = dict(x0)
+  outer_states = [outer.init({k: x0[k] for k in names}) for names in fragments] if outer else None
+  arriving = {}  # t -> (fragment, the workers' differences as sent)
+  history = []
+  for t, step_batches in enumerate(batches, start=1):
+    before = [dict(w) for w in workers]
+    for i in range(num_workers):
+      y = inner.point(workers[i], states[i])
+      u, states[i] = inner.update(grad(y, step_batches[i]), states[i], y)
+      workers[i] = {k: y[k] + u[k] for k in y}
+    for f, names in enumerate(fragments):
+      if (t - f * spacing) % tau == 0 and t >= f * spacing:
+        read = workers if pull == "reset" else before
+        arriving[t + delay] = (f, [{k: r[k] - center[k] for k in names} for r in read])
+    if t in arriving:
+      f, differences = arriving.pop(t)
+      names = fragments[f]
+      if pull == "reset":
+        delta = {k: -np.mean([d[k] for d in differences], axis=0) for k in names}
+        step, outer_states[f] = outer.update(delta, outer_states[f], center)
+        center.update({k: center[k] + step[k] for k in names})
+        for w in workers:
+          w.update({k: merge * center[k] + (1 - merge) * w[k] for k in names})
+      else:
+        totals = {k: np.sum([d[k] for d in differences], axis=0) for k in names}
+        center.update({k: center[k] + alpha * totals[k] for k in names})
+        for w, d in zip(workers, differences, strict=True):
+          w.update({k: w[k] - alpha * d[k] for k in names})
+    history.append(([dict(w) for w in workers], dict(center)))
+  return history

@@ -434,10 +434,35 @@ FIELDS_DECLARED = (
     "outer.exchange_dtype",
     "float32",
     one_of(exchange.DTYPES),
-    "what a worker's exchange message is sent as: float32, bfloat16 or int8 (per-tensor "
-    "scale, stochastic rounding; easgd/rules/exchange.py)",
+    "what a worker's exchange message is sent as: float32, bfloat16, int8 or int4 (per-"
+    "tensor scale, stochastic rounding; easgd/rules/exchange.py; int4: the streaming rules)",
     Shapes.IF_READ,
     formerly=("exchange_dtype",),
+  ),
+  Field(
+    "outer.fragments",
+    1,
+    integer(1, note="at most the model's parameter blocks (layers)"),
+    "F: the streaming rules' fragments of whole layers, one synced every comm_period/F "
+    "steps (easgd/rules/streaming.py)",
+    Shapes.IF_READ,
+    earlier=1,
+  ),
+  Field(
+    "outer.sync_delay",
+    0,
+    integer(0, note="below outer.comm_period"),
+    "d: the streaming rules' inner steps between sending a fragment and applying its result",
+    Shapes.IF_READ,
+    earlier=0,
+  ),
+  Field(
+    "outer.merge",
+    1.0,
+    number(0, 1, low_open=True, high_open=False),
+    "streaming_diloco's merge on arrival: x_i <- merge*x~ + (1 - merge)*x_i (1: the reset)",
+    Shapes.IF_READ,
+    earlier=1.0,
   ),
   Field(
     "outer.batch_stats",

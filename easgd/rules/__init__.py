@@ -5,6 +5,8 @@ optimizers:       the inner optimizer and its schedule, the outer optimizer (opt
 exchange:         compressed exchange messages.
 sync:             Sync SGD.
 outer:            the center family: Sync EASGD, Sync MEASGD, DiLoCo, Local SGD, Lookahead.
+streaming:        the streaming rules: Streaming DiLoCo and its elastic sibling.
+fragments:        a model cut into fragments of whole layers, for the streaming rules.
 parameter_server: the master-and-workers family, driven by the simulator's ticks.
 model_state:      parameters and BatchNorm statistics in one tree.
 registry:         `config.algorithm` -> rule class.

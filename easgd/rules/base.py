@@ -45,7 +45,7 @@ import optax
 from flax import struct
 from jax import lax
 
-from easgd.rules import model_state, optimizers
+from easgd.rules import exchange, model_state, optimizers
 from easgd.sim import clocks, ticks, timing
 
 AXIS = "workers"
@@ -134,6 +134,10 @@ class Hyper:
   pull: str = _config("outer.pull", default="")  # "": the rule's own
   # What a worker's exchange message is sent as (easgd.rules.exchange).
   exchange_dtype: str = _config("outer.exchange_dtype", default="float32")
+  # The streaming rules' fragments, overlap and merge (easgd.rules.streaming).
+  fragments: int = _config("outer.fragments", default=1)
+  sync_delay: int = _config("outer.sync_delay", default=0)
+  merge: float = _config("outer.merge", default=1.0)
   # Sums over workers added in worker order: no layout reassociates them.
   deterministic_sums: bool = _config("deterministic_sums", default=False)
 
@@ -352,6 +356,7 @@ class Rule(abc.ABC):
                  differ when a checkpoint is resumed and are left out of
                  its HParams.
     inner_optimizers: the inner optimizers (`optimizer.name`) its workers may step with.
+    exchange_dtypes: what its exchange messages may be sent as (`outer.exchange_dtype`).
     pulls:       the pulls it may take (`Pull`, `outer.pull`), its own first;
                  () for a rule without a center to pull to (the SGD rules).
     defaults:    its own values of config fields (dotted path -> value) where
@@ -371,6 +376,7 @@ class Rule(abc.ABC):
   pulls: ClassVar[tuple[str, ...]] = ()
   inner_optimizers: ClassVar[tuple[str, ...]] = optimizers.INNER
   inner_reason: ClassVar[str] = ""  # why, when it is not every one
+  exchange_dtypes: ClassVar[tuple[str, ...]] = exchange.COMMON_DTYPES
   defaults: ClassVar[Mapping[str, Any]] = types.MappingProxyType({})
 
   @classmethod
@@ -385,6 +391,11 @@ class Rule(abc.ABC):
       self.inner = optimizers.look_ahead_sgd(hyper)
     else:
       self.inner = optimizers.inner(hyper)
+
+  @classmethod
+  def check_model(cls, hyper: Hyper, shapes: Params) -> None:
+    """Checks what it needs of the model, given its tree's shapes; raises ConfigError."""
+    del hyper, shapes
 
   @classmethod
   def takes_look_ahead(cls, optimizer: str, nesterov: bool) -> bool:

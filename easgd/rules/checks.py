@@ -21,6 +21,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   rule = RULES[config.algorithm]
   _check_inner_optimizer(rule, config.optimizer)
   _check_outer(rule, config)
+  _check_streaming(rule, config.outer)
   _check_batch_stats(rule, config)
 
 
@@ -109,6 +110,51 @@ def _check_outer(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
       f"beta = workers*moving_rate = {workers * alpha:g} must be < 1, "
       f"i.e. moving_rate < {1 / workers:g}",
     )
+
+
+# The streaming fields and the value that leaves them out (easgd.rules.streaming).
+_STREAMING_OFF = {"fragments": 1, "sync_delay": 0, "merge": 1.0}
+
+
+def _check_streaming(rule: type[Rule], outer: ml_collections.ConfigDict) -> None:
+  """What an exchange is sent as; the fragments, delay and merge of the streaming rules."""
+  takes = ", ".join(n for n, r in RULES.items() if outer.exchange_dtype in r.exchange_dtypes)
+  require(
+    outer.exchange_dtype in rule.exchange_dtypes,
+    "outer.exchange_dtype",
+    outer.exchange_dtype,
+    f"{rule.name} sends {', '.join(rule.exchange_dtypes)}; rules that send "
+    f"{outer.exchange_dtype}: {takes}",
+  )
+  for name, off in _STREAMING_OFF.items():
+    if f"outer.{name}" in rule.reads:
+      continue
+    takes = ", ".join(n for n, r in RULES.items() if f"outer.{name}" in r.reads)
+    streams = "outer.fragments" in rule.reads
+    why = f"{rule.name} has no {name}" if streams else f"{rule.name} does not stream its exchanges"
+    require(
+      outer[name] == off,
+      f"outer.{name}",
+      outer[name],
+      f"{why} (leave it {off!r}); rules that read it: {takes}",
+    )
+  if "outer.fragments" not in rule.reads:
+    return
+  period = outer.comm_period
+  require(
+    period % outer.fragments == 0,
+    "outer.fragments",
+    outer.fragments,
+    f"must divide outer.comm_period = {period}: one fragment is sent every comm_period/"
+    "fragments steps",
+  )
+  require(
+    outer.sync_delay < period,
+    "outer.sync_delay",
+    outer.sync_delay,
+    f"must be below outer.comm_period = {period}: a fragment's result is applied before "
+    "it is sent again",
+  )
 
 
 def _check_batch_stats(rule: type[Rule], config: ml_collections.ConfigDict) -> None:

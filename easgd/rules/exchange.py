@@ -9,8 +9,10 @@ compressed dtype the receiver gets Q(v) in place of v, for each tensor v:
   bfloat16  Q(v) = v rounded to bfloat16, to nearest even   2 bytes an entry
   int8      s = max|v| / 127 (one float32 scale per tensor) 1 byte an entry + 4
             Q(v) = s * q,  q = floor(v/s + U),  U ~ Uniform[0, 1) per entry
+  int4      s = max|v| / 7, the same rounding to q in [-7, 7]     half a byte an entry + 4
+            (the streaming rules' low-bit outer exchanges: `Rule.exchange_dtypes`)
 
-int8 rounds stochastically: E[Q(v)] = v, so the errors of the P workers and
+int8 and int4 round stochastically: E[Q(v)] = v, so the errors of the P workers and
 of successive exchanges average out instead of adding up in one direction.
 Its random numbers come from (run key, step, worker, tensor), so a run's
 bits are still a function of its seed. Everything else (the center, the
@@ -23,15 +25,20 @@ import numpy as np
 
 from easgd.rules import model_state
 
-DTYPES = ("float32", "bfloat16", "int8")
-ENTRY_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}
-SCALE_BYTES = {"float32": 0, "bfloat16": 0, "int8": 4}
+DTYPES = ("float32", "bfloat16", "int8", "int4")
+# What every rule can send; int4 only the rules that declare it.
+COMMON_DTYPES = DTYPES[:3]
+ENTRY_BITS = {"float32": 32, "bfloat16": 16, "int8": 8, "int4": 4}
+SCALE_BYTES = {"float32": 0, "bfloat16": 0, "int8": 4, "int4": 4}
+# The largest integer a stochastically rounded entry takes: q in [-LEVELS, LEVELS].
+LEVELS = {"int8": 127, "int4": 7}
 
 
 def message_bytes(tree, dtype: str) -> int:
-  """Bytes of one exchange message of `tree` (a model, or its shapes) sent as `dtype`."""
+  """Bytes of one exchange message of `tree` (a model, or its shapes) sent as `dtype`
+  (int4 entries packed two to a byte)."""
   return sum(
-    int(np.prod(leaf.shape)) * ENTRY_BYTES[dtype] + SCALE_BYTES[dtype]
+    -(-int(np.prod(leaf.shape)) * ENTRY_BITS[dtype] // 8) + SCALE_BYTES[dtype]
     for leaf in jax.tree.leaves(tree)
   )
 
@@ -57,11 +64,11 @@ def sizes(tree, dtype: str, average_stats: bool = True) -> tuple[float, int]:
   return (full + sent) / 2, sent
 
 
-def _int8(leaf: jax.Array, key: jax.Array) -> jax.Array:
-  scale = jnp.max(jnp.abs(leaf)) / 127.0
+def _stochastic(leaf: jax.Array, key: jax.Array, levels: int) -> jax.Array:
+  scale = jnp.max(jnp.abs(leaf)) / float(levels)
   safe = jnp.where(scale > 0, scale, 1.0)
   noise = jax.random.uniform(key, leaf.shape, leaf.dtype)
-  quantized = jnp.clip(jnp.floor(leaf / safe + noise), -127.0, 127.0)
+  quantized = jnp.clip(jnp.floor(leaf / safe + noise), -float(levels), float(levels))
   return quantized * safe
 
 
@@ -71,11 +78,12 @@ def compress(tree, dtype: str, key: jax.Array | None):
     return tree
   if dtype == "bfloat16":
     return jax.tree.map(lambda leaf: leaf.astype(jnp.bfloat16).astype(leaf.dtype), tree)
-  if dtype != "int8":
+  if dtype not in LEVELS:
     raise ValueError(f"unknown exchange dtype {dtype!r}; valid: {', '.join(DTYPES)}")
   leaves, treedef = jax.tree.flatten(tree)
   keys = jax.random.split(key, len(leaves))
-  return jax.tree.unflatten(treedef, [_int8(leaf, k) for leaf, k in zip(leaves, keys, strict=True)])
+  quantized = [_stochastic(leaf, k, LEVELS[dtype]) for leaf, k in zip(leaves, keys, strict=True)]
+  return jax.tree.unflatten(treedef, quantized)
 
 
 def compress_workers(tree, dtype: str, key: jax.Array, workers: jax.Array):

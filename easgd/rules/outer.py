@@ -108,8 +108,13 @@ class CenterRule(Rule):
 
   def _move_center(self, center, center_opt, sent):
     """x~ and its optimizer state after an exchange whose messages are `sent` (x_i - x~)."""
-    outer, count = self.outer(), self.hyper.num_workers
     total = sum_over_workers(sent, self.hyper.deterministic_sums)
+    return self._apply_total(center, center_opt, total, self.outer())
+
+  def _apply_total(self, center, center_opt, total, outer):
+    """x~ (or a fragment of it) and its optimizer state moved by `total` = sum_i Q(x_i - x~)
+    through `outer` (None: EASGD's x~ + alpha*total)."""
+    count = self.hyper.num_workers
     if outer is None:
       alpha = self.hyper.moving_rate
       return jax.tree.map(lambda c, s: c + alpha * s, center, total), center_opt

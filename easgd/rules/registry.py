@@ -4,7 +4,7 @@ A new rule is one class (declaring what it accepts, see `easgd.rules.base.Rule`)
 and one line here.
 """
 
-from easgd.rules import outer, parameter_server, sync
+from easgd.rules import outer, parameter_server, streaming, sync
 from easgd.rules.base import Hyper, Momentum, Rule
 from easgd.sim.clocks import Policy
 
@@ -25,6 +25,8 @@ RULES: dict[str, type[Rule]] = {
     outer.DiLoCo,
     outer.LocalSGD,
     outer.Lookahead,
+    streaming.StreamingDiLoCo,
+    streaming.StreamingEASGD,
   )
 }
 

@@ -64,6 +64,10 @@ class RunTotals:
     self.requests = np.array(state["requests"], np.int64)
     self.bytes_sent = np.array(state["bytes_sent"], np.float64)
 
+  def peak_bytes_per_step(self) -> float | None:
+    """The most bytes a worker sends in one step, where the schedule fixes it (None)."""
+    return None
+
 
 class Clock(RunTotals, abc.ABC):
   """Yields the ticks of a run and keeps the run's totals; its state is saved
@@ -142,6 +146,60 @@ class SyncClock(Clock):
     super().load_state_dict(state)
     self.steps = int(state["steps"])
     self._worker_time = np.array(state["worker_time"], np.float64)
+
+  def peak_bytes_per_step(self) -> float:
+    """The most bytes a worker sends in one step: one all-reduce of the model."""
+    return allreduce_bytes(self.model_bytes, self.num_workers) if self.num_workers > 1 else 0.0
+
+
+class StreamingClock(SyncClock):
+  """The streaming rules' schedule (easgd.rules.streaming): every period/F steps one
+  fragment's all-reduce, of that fragment's bytes, overlapped with the next
+  `delay` steps. It starts when the slowest worker has sent, and a worker
+  waits for its end only `delay` steps later, when the result is applied;
+  with F = 1 and no delay this is SyncClock's schedule.
+  """
+
+  def __init__(self, cluster, num_workers, model_bytes, seed, period, fragment_bytes, delay):
+    super().__init__(cluster, num_workers, model_bytes, seed, period)
+    self.fragment_bytes = [float(size) for size in fragment_bytes]
+    self.delay = delay
+    # Step count at which a result is applied -> the time its all-reduce ends.
+    self._arrivals: dict[int, float] = {}
+
+  def _advance(self) -> Tick:
+    step = self.steps
+    self.steps += 1
+    for i in range(self.num_workers):
+      self._worker_time[i] += self._step_time(i, step)
+    requests = np.zeros(self.num_workers, np.int64)
+    bytes_sent = np.zeros(self.num_workers)
+    spacing = self.period // len(self.fragment_bytes)
+    phase = self.steps % self.period
+    if phase % spacing == 0 and self.num_workers > 1:
+      size = self.fragment_bytes[phase // spacing]
+      allreduce = self.cluster.allreduce_time(size, self.num_workers)
+      self._arrivals[self.steps + self.delay] = self._worker_time.max() + allreduce
+      requests[:] = 1
+      bytes_sent[:] = allreduce_bytes(size, self.num_workers)
+    if self.steps in self._arrivals:
+      np.maximum(self._worker_time, self._arrivals.pop(self.steps), out=self._worker_time)
+    local = np.ones(self.num_workers, bool)
+    return Tick(float(self._worker_time.max()), local, [], [], [], requests, bytes_sent)
+
+  def state_dict(self):
+    arrivals = [[step, end] for step, end in sorted(self._arrivals.items())]
+    return {**super().state_dict(), "arrivals": arrivals}
+
+  def load_state_dict(self, state):
+    super().load_state_dict(state)
+    self._arrivals = {int(step): float(end) for step, end in state["arrivals"]}
+
+  def peak_bytes_per_step(self) -> float:
+    """The most bytes a worker sends in one step: one all-reduce of the largest fragment."""
+    if self.num_workers == 1:
+      return 0.0
+    return allreduce_bytes(max(self.fragment_bytes), self.num_workers)
 
 
 class AsyncClock(Clock):

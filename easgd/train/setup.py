@@ -106,6 +106,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequ
   def init_params(key):
     return model_state.model_tree(model.init(key, sample))
 
+  runtime.check_model(config, jax.eval_shape(init_params, jax.random.PRNGKey(0)))
+
   placement = stream.choose(
     config.data, dataset.train_images.shape[1:], len(dataset.train_labels), parts, num_devices
   )

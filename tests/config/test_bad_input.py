@@ -71,6 +71,11 @@ FIELDS = {
   ),
   "outer.learning_rate": (finite_at_least(0, inclusive=False), {"algorithm": "diloco"}),
   "outer.momentum": (fraction(), {"algorithm": "diloco", "outer.nesterov": False}),
+  # The streaming rules' fragments divide the default period of 4 steps, and the
+  # delay is below it.
+  "outer.fragments": (lambda v: _integer(v) and v in (1, 2, 4), {"algorithm": "streaming_diloco"}),
+  "outer.sync_delay": (lambda v: _integer(v) and 0 <= v < 4, {"algorithm": "streaming_diloco"}),
+  "outer.merge": (lambda v: _number(v) and 0 < v <= 1, {"algorithm": "streaming_diloco"}),
   "downpour.n_sync": (integer_at_least(1), {"algorithm": "downpour"}),
   "pipeline.models": (integer_at_least(1), {"algorithm": "pipeline"}),
   "pipeline.stage_steps": (integer_at_least(1), {"algorithm": "pipeline"}),
@@ -141,6 +146,8 @@ ALWAYS = {
   "outer.moving_rate": fraction(),
   "run.devices": integer_at_least(0),
   "optimizer.warmup_steps": integer_at_least(0),
+  "outer.fragments": integer_at_least(1),
+  "outer.sync_delay": integer_at_least(0),
 }
 # A valid config for each algorithm: the momentum rules need a momentum.
 ALGORITHMS = {

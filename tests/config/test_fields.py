@@ -59,6 +59,9 @@ def test_the_migration_hints_come_from_the_declarations():
     "dtype": "float32",
     "runtime": "simulated",
     "cluster.replay": "",
+    "outer.fragments": 1,
+    "outer.sync_delay": 0,
+    "outer.merge": 1.0,
   }
 
 
@@ -124,9 +127,11 @@ def test_a_rules_defaults_go_together_and_none_apply_if_one_was_chosen(name):
   changed = default.get_config()
   changed.algorithm = name
   *groups, field = first.split(".")
-  schema.lookup(changed, ".".join(groups))[field] = 0.5  # the config file's own value
+  # The config file's own value, of the field's type.
+  own = 0.5 if isinstance(schema.lookup(changed, first), float) else 3
+  schema.lookup(changed, ".".join(groups))[field] = own
   assert schema.with_rule_defaults(changed) == {}
-  assert schema.lookup(changed, first) == 0.5
+  assert schema.lookup(changed, first) == own
   for path in rules.RULES[name].defaults:
     if path != first:
       assert schema.lookup(changed, path) == schema.lookup(default.get_config(), path)

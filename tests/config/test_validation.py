@@ -264,3 +264,40 @@ def test_another_configuration_is_named_before_the_revision(tmp_path):
   with pytest.raises(ConfigError, match=r"written by an earlier version"):
     validation.check_workdir(nesterov, str(tmp_path))
   assert validation.check_workdir(nesterov, str(tmp_path / "elsewhere")) is None
+
+
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
+    (
+      {"outer.exchange_dtype": "int4"},
+      "config.outer.exchange_dtype='int4' is invalid: sync_easgd sends float32, bfloat16, int8; "
+      "rules that send int4: streaming_diloco, streaming_easgd",
+    ),
+    (
+      {"algorithm": "diloco", "outer.fragments": 2},
+      "config.outer.fragments=2 is invalid: diloco does not stream its exchanges (leave it 1)",
+    ),
+    (
+      {"algorithm": "streaming_easgd", "outer.merge": 0.5},
+      "config.outer.merge=0.5 is invalid: streaming_easgd has no merge (leave it 1.0); "
+      "rules that read it: streaming_diloco",
+    ),
+    (
+      {"algorithm": "streaming_diloco", "outer.fragments": 3},
+      "config.outer.fragments=3 is invalid: must divide outer.comm_period = 4",
+    ),
+    (
+      {"algorithm": "streaming_diloco", "outer.sync_delay": 4},
+      "config.outer.sync_delay=4 is invalid: must be below outer.comm_period = 4",
+    ),
+    (
+      {"algorithm": "streaming_diloco", "outer.merge": 0.0},
+      "config.outer.merge=0.0 is invalid: must be in (0, 1]",
+    ),
+  ],
+)
+def test_the_streaming_fields_are_refused_where_they_cannot_apply(overrides, message):
+  with pytest.raises(ConfigError) as refused:
+    validation.validate(config_with(overrides))
+  assert str(refused.value).startswith(message)

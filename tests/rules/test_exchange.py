@@ -33,22 +33,23 @@ def test_bfloat16_rounds_each_entry_to_the_nearest_even():
   np.testing.assert_array_equal(received, bfloat16_nearest_even(values).astype(np.float32))
 
 
-def test_int8_is_on_its_grid_within_one_step_and_unbiased():
+@pytest.mark.parametrize("dtype,levels", [("int8", 127), ("int4", 7)])
+def test_int8_and_int4_are_on_their_grid_within_one_step_and_unbiased(dtype, levels):
   rng = np.random.default_rng(1)
   values = jnp.asarray(rng.normal(size=(6, 5)), jnp.float32)
-  scale = float(jnp.max(jnp.abs(values))) / 127
+  scale = float(jnp.max(jnp.abs(values))) / levels
   draws = np.stack([
-    np.asarray(exchange.compress({"v": values}, "int8", jax.random.PRNGKey(k))["v"])
+    np.asarray(exchange.compress({"v": values}, dtype, jax.random.PRNGKey(k))["v"])
     for k in range(2000)
   ])  # fmt: skip
   steps = draws / scale
   np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)
-  assert np.abs(steps).max() <= 127 + 1e-3
+  assert np.abs(steps).max() <= levels + 1e-3
   assert np.abs(draws - np.asarray(values)).max() < scale * (1 + 1e-5)
   # E[Q(v)] = v: the mean of 2000 draws is within 4 standard errors (<= scale/2/sqrt(n)).
   assert np.abs(draws.mean(axis=0) - np.asarray(values)).max() < 4 * scale / 2 / np.sqrt(2000)
   # The key decides: the same key, the same message.
-  again = exchange.compress({"v": values}, "int8", jax.random.PRNGKey(7))["v"]
+  again = exchange.compress({"v": values}, dtype, jax.random.PRNGKey(7))["v"]
   np.testing.assert_array_equal(np.asarray(again), draws[7])
 
 
@@ -63,6 +64,8 @@ def test_message_bytes_count_entries_and_scales():
   assert exchange.message_bytes(tree, "float32") == 4 * 18
   assert exchange.message_bytes(tree, "bfloat16") == 2 * 18
   assert exchange.message_bytes(tree, "int8") == 18 + 4 * 2
+  # Two int4 entries a byte, an odd count rounded up: 15 entries in 8 bytes, 3 in 2.
+  assert exchange.message_bytes(tree, "int4") == 8 + 2 + 4 * 2
 
 
 @pytest.mark.parametrize("name,pull", [("sync_easgd", "elastic"), ("local_sgd", "reset")])

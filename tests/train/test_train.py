@@ -209,6 +209,15 @@ def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs
     (["--config=configs/nonexistent.py"], "--config 'configs/nonexistent.py' is not a file"),
     (["--config=easgd/errors.py"], "--config 'easgd/errors.py' defines no get_config()"),
     (["--config.seed=-1"], "config.seed=-1 is invalid: must be an integer in [0, 2**32)"),
+    (
+      # Known only from the model: checked before anything is written.
+      [
+        "--config.algorithm=streaming_diloco",
+        "--config.outer.comm_period=8",
+        "--config.outer.fragments=8",
+      ],
+      "config.outer.fragments=8 is invalid: a model of 5 parameter blocks",
+    ),
     (["--workdir="], "--workdir is empty"),
     (["--workdir=README.md"], "--workdir='README.md' is not a directory"),
     (["--workdir=README.md/run"], "lies under"),

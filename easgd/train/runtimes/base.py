@@ -55,6 +55,12 @@ class Runtime(abc.ABC):
     del config
 
   @classmethod
+  def check_model(cls, config: ml_collections.ConfigDict, shapes) -> None:
+    """Checks what it needs of the model, given the shapes of its tree
+    (easgd.rules.model_state); raises ConfigError. Nothing is written before."""
+    del config, shapes
+
+  @classmethod
   def partitions(cls, config: ml_collections.ConfigDict, num_devices: int) -> int:
     """How many partitions the training set is split into: one a worker."""
     del num_devices

@@ -29,6 +29,10 @@ class RuleRuntime(Runtime):
   def algorithms(cls) -> tuple[str, ...]:
     return tuple(RULES)
 
+  @classmethod
+  def check_model(cls, config, shapes) -> None:
+    RULES[config.algorithm].check_model(Hyper.from_config(config), shapes)
+
   def __init__(self, setup: setup_lib.Setup):
     super().__init__(setup)
     config = setup.config
@@ -77,6 +81,9 @@ class _TickTotals:
       "comm/exchanges_per_worker": float(clock.requests.mean()),
       "comm/bytes_per_worker": float(clock.bytes_sent.mean()),
     }
+    peak = clock.peak_bytes_per_step()
+    if peak is not None:
+      values["comm/peak_bytes_per_step"] = float(peak)
     if self._staleness:
       values["async/staleness_mean"] = float(np.mean(self._staleness))
       values["async/queue_wait"] = float(np.mean(self._waits))

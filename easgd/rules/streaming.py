@@ -1,0 +1,266 @@
+"""The streaming rules: the center family's exchange cut into fragments that are
+synced on a staggered schedule, each overlapped with the next inner steps.
+
+Streaming DiLoCo (Douillard et al. 2025, "Streaming DiLoCo with overlapping
+communication", arXiv 2501.18512) splits the model into F fragments of whole
+layers (easgd.rules.fragments) and syncs one fragment every H/F steps
+instead of the whole model every H, which divides the peak bandwidth by about
+F. With H = `outer.comm_period`, F = `outer.fragments`, d = `outer.sync_delay`
+and t the steps taken after this one (state.step + 1):
+
+  every step:    u_i = inner update;  x_i <- x_i + u_i
+  send, at every t with (t - f*H/F) mod H == 0, for fragment f:
+                 each worker sends Q(r_i,f - x~_f) (r_i = x_i after the step's update
+                 for the reset pull, from before it for the elastic pull);
+                 total_f = sum_i Q(r_i,f - x~_f)          (one all-reduce of fragment f)
+  apply, d steps later (the workers trained on meanwhile):
+    streaming_diloco  x~_f <- x~_f + outer_f(Delta_f),  Delta_f = -total_f / P
+                      x_i,f <- merge * x~_f + (1 - merge) * x_i,f     (merge = 1: x_i,f <- x~_f)
+    streaming_easgd   x~_f <- x~_f + alpha * total_f
+                      x_i,f <- x_i,f - alpha * (r_i,f - x~_f)   (its own exact difference, as sent)
+
+outer_f is the outer optimizer on fragment f alone (its own state); d < H,
+so a fragment's result is applied before it is sent again. With F = 1, d = 0
+and merge = 1, streaming_diloco is diloco, and streaming_easgd with F = 1 and
+d = 0 is sync_easgd, bit for bit. BatchNorm statistics go with their layer's
+fragment, as the center family moves them (averaged; or never sent when local).
+"""
+
+import types
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from easgd.errors import ConfigError
+from easgd.rules import exchange, fragments, model_state, optimizers
+from easgd.rules.base import (
+  BASE_READS,
+  ELASTIC_READS,
+  Pull,
+  exchange_key,
+  initial_state,
+  local_update,
+  local_workers,
+  stack_workers,
+  step_metrics,
+  sum_over_workers,
+)
+from easgd.rules.outer import OUTER_READS, CenterRule
+from easgd.sim import clocks
+
+STREAMING_READS = ("outer.fragments", "outer.sync_delay")
+
+
+class StreamingRule(CenterRule):
+  """The streaming family: see the module docstring. Subclasses set the pull."""
+
+  exchange_dtypes = exchange.DTYPES  # int4 too: the low-bit outer exchanges
+
+  @classmethod
+  def check_model(cls, hyper, shapes):
+    cls.split(hyper, shapes)
+
+  @staticmethod
+  def split(hyper, tree) -> fragments.Fragments:
+    """The fragments of a model shaped like `tree`; ConfigError if it has too few blocks."""
+    try:
+      return fragments.split(tree, hyper.fragments)
+    except ValueError as error:
+      raise ConfigError(f"config.outer.fragments={hyper.fragments} is invalid: {error}") from None
+
+  def fragments_of(self, tree) -> fragments.Fragments:
+    """The fragments of a model shaped like `tree`."""
+    return self.split(self.hyper, tree)
+
+  def init(self, params, rng):
+    self.fragments = self.fragments_of(params)
+    count = self.hyper.num_workers
+    workers = stack_workers(params, count)
+    outer = self.outer()
+    trainable = model_state.trainable(params)
+    outer_states = (
+      ()
+      if outer is None
+      else tuple(outer.init(self.fragments.take(trainable, f)) for f in range(self.fragments.count))
+    )
+    # What is in flight: each fragment's total since its send (and, for the
+    # elastic pull, each worker's own difference, which it pulls itself by).
+    center_opt = {"outer": outer_states, "in_flight": jax.tree.map(jnp.zeros_like, params)}
+    worker_opt = {"inner": optimizers.init_workers(self.inner, workers)}
+    if self.pull == Pull.ELASTIC:
+      worker_opt["in_flight"] = jax.tree.map(jnp.zeros_like, workers)
+    return initial_state(rng, params, center_opt, workers, worker_opt, count)
+
+  def make_clock(self, cluster, model_bytes, seed, sent_bytes=None):
+    """The staggered schedule of `init`'s fragments, each of its share of the bytes."""
+    del sent_bytes  # an all-reduce's bytes are all its own, as the family's
+    total = sum(self.fragments.sizes)
+    shares = [model_bytes * size / total for size in self.fragments.sizes]
+    return clocks.StreamingClock(
+      cluster,
+      self.hyper.num_workers,
+      model_bytes,
+      seed,
+      self.period,
+      fragment_bytes=shares,
+      delay=self.hyper.sync_delay,
+    )
+
+  def fragment_at(self, steps_taken: jax.Array, count: int) -> jax.Array:
+    """The fragment sent when `steps_taken` steps are done (-1: none): the f with
+    (t - f*H/F) mod H == 0 for t >= 1."""
+    period = self.hyper.comm_period
+    spacing = period // count
+    phase = steps_taken % period
+    return jnp.where((steps_taken >= 1) & (phase % spacing == 0), phase // spacing, -1)
+
+  def step(self, state, batch, loss_fn, tick):
+    del tick
+    parts = self.fragments_of(state.center)
+    updates, inner_state, _, loss, aux = local_update(
+      self.inner, state.workers, state.worker_opt["inner"], batch, loss_fn
+    )
+    taken = state.step + 1
+    delay = self.hyper.sync_delay
+    carry = (state.workers, state.center, state.center_opt, dict(state.worker_opt))
+
+    # x_i + u_i is formed inside each branch, as the center family forms it, so
+    # that XLA compiles the same arithmetic (and diloco's and sync_easgd's bits).
+    def local_only(carry):
+      workers, center, center_opt, worker_opt = carry
+      return jax.tree.map(jnp.add, workers, updates), center, center_opt, worker_opt
+
+    def exchange_of(f):
+      """Fragment f sent, and applied in the same step (d = 0)."""
+
+      def exchanged(carry):
+        workers, center, center_opt, worker_opt = carry
+        stepped = jax.tree.map(jnp.add, workers, updates)
+        center_opt, worker_opt = self._send(state, parts, f, stepped, center_opt, worker_opt)
+        return self._apply(parts, f, workers, updates, center, center_opt, worker_opt)
+
+      return exchanged
+
+    def apply_of(f):
+      """Fragment f's result applied, d steps after it was sent."""
+
+      def apply(carry):
+        return self._apply(parts, f, carry[0], updates, *carry[1:])
+
+      return apply
+
+    def send_of(f):
+      """Fragment f sent from the stepped workers; its result comes d steps later."""
+
+      def send(carry):
+        stepped, center, center_opt, worker_opt = carry
+        center_opt, worker_opt = self._send(state, parts, f, stepped, center_opt, worker_opt)
+        return stepped, center, center_opt, worker_opt
+
+      return send
+
+    fragment_ids = range(parts.count)
+    sent = self.fragment_at(taken, parts.count)
+    if delay == 0:
+      carry = lax.switch(sent + 1, [local_only, *map(exchange_of, fragment_ids)], carry)
+    else:
+      arrived = jnp.where(taken > delay, self.fragment_at(taken - delay, parts.count), -1)
+      carry = lax.switch(arrived + 1, [local_only, *map(apply_of, fragment_ids)], carry)
+      carry = lax.switch(sent + 1, [lambda carry: carry, *map(send_of, fragment_ids)], carry)
+    workers, center, center_opt, worker_opt = carry
+    new_state = state.replace(
+      step=taken,
+      workers=workers,
+      center=center,
+      center_opt=center_opt,
+      worker_opt={**worker_opt, "inner": inner_state},
+      worker_steps=state.worker_steps + 1,
+    )
+    learning_rate = self.learning_rate(state.worker_steps)
+    return new_state, step_metrics(loss, aux, self.hyper, learning_rate)
+
+  def _send(self, state, parts, f, stepped, center_opt, worker_opt):
+    """Fragment f's messages, summed into the in-flight total: Q(r_i - x~) with r_i the
+    stepped worker (reset pull) or the worker from before the step (elastic)."""
+    read = stepped if self.pull == Pull.RESET else state.workers
+    distance = model_state.exchanged(
+      jax.tree.map(lambda x, c: x - c, parts.take(read, f), parts.take(state.center, f)),
+      self.hyper.average_stats,
+    )
+    count = state.worker_steps.shape[0]
+    messages = exchange.compress_workers(
+      distance, self.hyper.exchange_dtype, exchange_key(state), local_workers(count)
+    )
+    total = sum_over_workers(messages, self.hyper.deterministic_sums)
+    center_opt = dict(center_opt, in_flight=parts.put(center_opt["in_flight"], f, total))
+    if self.pull == Pull.ELASTIC:
+      worker_opt = dict(worker_opt, in_flight=parts.put(worker_opt["in_flight"], f, distance))
+    return center_opt, worker_opt
+
+  def _apply(self, parts, f, workers, updates, center, center_opt, worker_opt):
+    """Every worker's step (x_i + u_i), with fragment f's in-flight result applied to the
+    center and pulled into the workers. Returns the carry."""
+    total = parts.take(center_opt["in_flight"], f)
+    outer = self.outer()
+    if outer is None:
+      moved, _ = self._apply_total(parts.take(center, f), (), total, None)
+      outer_states = center_opt["outer"]
+    else:
+      moved, state_f = self._apply_total(
+        parts.take(center, f), center_opt["outer"][f], total, outer
+      )
+      outer_states = tuple(state_f if g == f else s for g, s in enumerate(center_opt["outer"]))
+    center = parts.put(center, f, moved)
+    center_opt = dict(center_opt, outer=outer_states)
+    stepped = jax.tree.map(jnp.add, workers, updates)
+    if self.pull == Pull.ELASTIC:
+      # Each worker pulls itself by its own exact difference, as sent.
+      alpha = self.hyper.moving_rate
+      pulled = jax.tree.map(
+        lambda x, u, d: x + u - alpha * d,
+        parts.take(workers, f),
+        parts.take(updates, f),
+        parts.take(worker_opt["in_flight"], f),
+      )
+      return parts.put(stepped, f, pulled), center, center_opt, worker_opt
+    count = jax.tree.leaves(workers)[0].shape[0]
+    merge = self.hyper.merge
+    reset = self._reset(moved, parts.take(stepped, f), count)
+    if merge != 1.0:
+      # merge = 1 is the reset itself; statistics kept local stay the worker's.
+      local = parts.take(stepped, f)
+      merged = jax.tree.map(lambda g, x: merge * g + (1.0 - merge) * x, reset, local)
+      if model_state.has_stats(local) and not self.hyper.average_stats:
+        merged = dict(merged, **{model_state.STATS: local[model_state.STATS]})
+      reset = merged
+    return parts.put(stepped, f, reset), center, center_opt, worker_opt
+
+
+# The streaming rules' own defaults: without them a rule would be its family's
+# member (F = 1, d = 0); two fragments, each overlapped with one inner step.
+STREAMING_DEFAULTS = types.MappingProxyType({"outer.fragments": 2, "outer.sync_delay": 1})
+
+
+class StreamingDiLoCo(StreamingRule):
+  """Streaming DiLoCo (Douillard et al. 2025): diloco's reset pull and outer optimizer,
+  fragment by fragment, overlapped and merged (the module docstring's equations)."""
+
+  name = "streaming_diloco"
+  defaults = STREAMING_DEFAULTS
+  pulls = (Pull.RESET,)
+  reads = (*BASE_READS, *ELASTIC_READS, *OUTER_READS, *STREAMING_READS, "outer.merge")
+
+
+class StreamingEASGD(StreamingRule):
+  """Streaming EASGD: sync_easgd's elastic pull (alpha per fragment, outer SGD at
+  P*alpha), fragment by fragment and overlapped (the module docstring's equations)."""
+
+  name = "streaming_easgd"
+  defaults = STREAMING_DEFAULTS
+  elastic = True
+  pulls = (Pull.ELASTIC,)
+  reads = (*BASE_READS, *ELASTIC_READS, *STREAMING_READS)
+
+  def outer_settings(self):
+    return None

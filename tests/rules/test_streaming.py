@@ -1,0 +1,170 @@
+"""The streaming rules (easgd.rules.streaming) and their fragments, schedule and clock,
+against plain NumPy step by step and the identities with their family's members."""
+
+import jax
+import numpy as np
+import pytest
+from test_outer import assert_follows
+from test_rules import ALPHA, ETA, make_problem, per_worker, run_rule
+
+import numpy_optim
+from easgd import rules
+from easgd.rules import fragments
+from easgd.sim import clocks, timing
+from easgd.train import trainer
+from least_squares import numpy_grad
+from runs import read_state, small_config, steps_saved
+
+TAU, STEPS = 4, 13
+OUTER = dict(outer_learning_rate=0.7, outer_momentum=0.9, outer_nesterov=True)
+
+
+def hyper(**values):
+  base = dict(num_workers=8, learning_rate=ETA, comm_period=TAU, fragments=2)
+  return rules.Hyper(**{**base, **values})
+
+
+def reference(x0, batches, pull, **settings):
+  return numpy_optim.streaming(
+    x0,
+    [per_worker(b) for b in batches],
+    numpy_grad,
+    numpy_optim.sgd(ETA),
+    TAU,
+    [["b"], ["w"]],  # the least-squares model's two blocks, in leaf order
+    pull=pull,
+    **settings,
+  )
+
+
+@pytest.mark.parametrize("delay,merge", [(0, 1.0), (1, 1.0), (3, 0.5), (2, 0.25)])
+def test_streaming_diloco_follows_its_equations(delay, merge):
+  x0, batches = make_problem(num_workers=8, steps_count=STEPS)
+  settings = hyper(sync_delay=delay, merge=merge, **OUTER)
+  actual = run_rule("streaming_diloco", settings, x0, batches, 2)
+  outer = numpy_optim.sgd(0.7, mu=0.9, nesterov=True)
+  expected = reference(x0, batches, "reset", delay=delay, outer=outer, merge=merge)
+  assert_follows(actual, expected)
+
+
+@pytest.mark.parametrize("num_devices", [8, 1])
+@pytest.mark.parametrize("delay", [0, 2])
+def test_streaming_easgd_follows_its_equations(delay, num_devices):
+  x0, batches = make_problem(num_workers=8, steps_count=STEPS)
+  settings = hyper(sync_delay=delay, moving_rate=ALPHA)
+  actual = run_rule("streaming_easgd", settings, x0, batches, num_devices)
+  expected = reference(x0, batches, "elastic", delay=delay, alpha=ALPHA)
+  assert_follows(actual, expected)
+
+
+def test_each_fragment_moves_the_center_on_its_own_schedule():
+  """Fragment b (f = 0) at t = 4, 8, 12; fragment w (f = 1) at t = 2, 6, 10; one step later
+  with a delay of 1."""
+  x0, batches = make_problem(num_workers=8, steps_count=STEPS)
+  states = run_rule("streaming_diloco", hyper(sync_delay=1, **OUTER), x0, batches, 2)
+  centers = [jax.tree.map(np.float32, x0)] + [state.center for state in states]
+  for key, arrivals in (("b", {5, 9, 13}), ("w", {3, 7, 11})):
+    moved = {
+      t for t in range(1, STEPS + 1) if not np.array_equal(centers[t][key], centers[t - 1][key])
+    }
+    assert moved == arrivals, key
+
+
+def positions(state):
+  return jax.tree.leaves((state.center, state.workers))
+
+
+@pytest.mark.parametrize("num_devices", [8, 2, 1])
+@pytest.mark.parametrize(
+  "name,member,settings",
+  [
+    ("streaming_diloco", "diloco", OUTER),
+    ("streaming_easgd", "sync_easgd", dict(moving_rate=ALPHA)),
+  ],
+)
+def test_one_fragment_without_delay_is_its_familys_member_bit_for_bit(
+  name, member, settings, num_devices
+):
+  x0, batches = make_problem(num_workers=8, steps_count=7)
+  family = hyper(fragments=1, comm_period=3, **settings)
+  for a, b in zip(
+    run_rule(name, family, x0, batches, num_devices),
+    run_rule(member, family, x0, batches, num_devices),
+    strict=True,
+  ):
+    for x, y in zip(positions(a), positions(b), strict=True):
+      np.testing.assert_array_equal(x, y)
+
+
+def test_fragments_are_contiguous_layers_of_about_equal_size():
+  tree = {
+    name: np.zeros(size) for name, size in zip("abcdef", (10, 30, 10, 10, 20, 20), strict=True)
+  }
+  assert fragments.split(tree, 1).blocks == (tuple("abcdef"),)
+  halves = fragments.split(tree, 2)
+  assert halves.blocks == (("a", "b", "c"), ("d", "e", "f")) and halves.sizes == (50, 50)
+  assert fragments.split(tree, 6).blocks == tuple((name,) for name in "abcdef")
+  # A block too large to share: every fragment still gets one.
+  lopsided = {"a": np.zeros(100), "b": np.zeros(1), "c": np.zeros(1)}
+  assert fragments.split(lopsided, 3).blocks == (("a",), ("b",), ("c",))
+  with pytest.raises(ValueError, match="a model of 3 parameter blocks .* not 4"):
+    fragments.split(lopsided, 4)
+
+
+def test_a_batch_norm_layers_statistics_go_with_its_fragment():
+  tree = {
+    "params": {"BatchNorm_0": {"scale": np.ones(4)}, "Dense_0": {"kernel": np.ones((4, 2))}},
+    "batch_stats": {"BatchNorm_0": {"mean": np.zeros(4)}},
+  }
+  parts = fragments.split(tree, 2)
+  first, second = parts.take(tree, 0), parts.take(tree, 1)
+  assert list(first["batch_stats"]) == ["BatchNorm_0"] and not second["batch_stats"]
+  assert parts.put(tree, 1, second) == tree
+
+
+def test_the_clock_sends_one_fragment_at_a_time_and_overlaps_its_delay():
+  cluster = timing.Cluster(compute_time=1.0, latency=0.5, bandwidth=1e3)
+  sync = clocks.SyncClock(cluster, 4, 4000.0, seed=0, period=TAU)
+  one = clocks.StreamingClock(cluster, 4, 4000.0, 0, TAU, fragment_bytes=[4000.0], delay=0)
+  halves = clocks.StreamingClock(cluster, 4, 4000.0, 0, TAU, [1000.0, 3000.0], delay=0)
+  hidden = clocks.StreamingClock(cluster, 4, 4000.0, 0, TAU, [1000.0, 3000.0], delay=1)
+  clocks_by_name = {"sync": sync, "one": one, "halves": halves, "hidden": hidden}
+  ticks = {name: [c.next_tick() for _ in range(12)] for name, c in clocks_by_name.items()}
+  assert [t.time for t in ticks["one"]] == [t.time for t in ticks["sync"]]
+  # Fragment 0 (1000 bytes) at t = 4, 8, 12 and fragment 1 (3000 bytes) at t = 2, 6, 10.
+  sent = [t.bytes_sent[0] for t in ticks["halves"]]
+  assert [t for t, b in enumerate(sent, start=1) if b] == [2, 4, 6, 8, 10, 12]
+  assert sent[1] == timing.allreduce_bytes(3000.0, 4) and sent[3] == timing.allreduce_bytes(
+    1000.0, 4
+  )
+  assert (
+    halves.peak_bytes_per_step() == timing.allreduce_bytes(3000.0, 4) < sync.peak_bytes_per_step()
+  )
+  # The whole model's bytes, in all; overlapped with a step, the exchanges cost less time.
+  assert sum(sent) == pytest.approx(3 * timing.allreduce_bytes(4000.0, 4))
+  assert ticks["hidden"][-1].time < ticks["halves"][-1].time
+  restored = clocks.StreamingClock(cluster, 4, 4000.0, 0, TAU, [1000.0, 3000.0], delay=1)
+  restored.load_state_dict(hidden.state_dict())
+  assert restored.next_tick().time == hidden.next_tick().time
+
+
+@pytest.mark.e2e
+def test_a_run_resumed_with_a_fragment_in_flight_ends_as_one_never_stopped(tmp_path):
+  """Stopped after step 22, when fragment 1 was sent and is applied a step later."""
+  overrides = {
+    "outer.moving_rate": 0.0,
+    "outer.fragments": 2,
+    "outer.sync_delay": 1,
+    "outer.merge": 0.5,
+  }
+  straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+  trainer.train_and_evaluate(small_config(overrides, algorithm="streaming_diloco"), str(straight))
+  early = small_config({**overrides, "run.total_steps": 22}, algorithm="streaming_diloco")
+  trainer.train_and_evaluate(early, str(stopped))
+  assert steps_saved(stopped)[-1] == 22
+  trainer.train_and_evaluate(small_config(overrides, algorithm="streaming_diloco"), str(stopped))
+  a = read_state(straight / "checkpoints" / "40" / "state")
+  b = read_state(stopped / "checkpoints" / "40" / "state")
+  assert len(a) == len(b) > 10
+  for x, y in zip(a, b, strict=True):
+    assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
