@@ -118,9 +118,16 @@ def final(scalars: dict, tag: str) -> float:
   return values[max(values)]
 
 
+def peak_kilobytes(scalars: dict) -> str:
+  """The peak bytes a step sends, in kB; "-" for runs from before it was logged."""
+  if "comm/peak_bytes_per_step" not in scalars:
+    return "-"
+  return f"{final(scalars, 'comm/peak_bytes_per_step') / 1e3:.1f}"
+
+
 def write_table(results, path, command, args, time_budget, byte_budget):
   lines = [
-    "# The center family at equal simulated time and equal bytes",
+    "# The center family and the streaming rules at equal simulated time and equal bytes",
     "",
     f"Made by `{command}`: LeNet-5 on mnist5k, 8 workers x batch 32, {args.total_steps} "
     "steps each, the default config's timing model (10 ms steps, the slowest worker 1.5x "
@@ -143,7 +150,7 @@ def write_table(results, path, command, args, time_budget, byte_budget):
       f"| {at_budget(scalars, 'megabytes', byte_budget):.3f} "
       f"| {final(scalars, 'eval/center_accuracy'):.3f} | {final(scalars, 'sim/time'):.2f} "
       f"| {final(scalars, 'megabytes'):.2f} "
-      f"| {final(scalars, 'comm/peak_bytes_per_step') / 1e3:.1f} |"
+      f"| {peak_kilobytes(scalars)} |"
     )
   with open(path, "w") as table:
     table.write("\n".join(lines) + "\n")

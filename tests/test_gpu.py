@@ -20,6 +20,7 @@ import test_batch_norm
 import test_outer
 import test_parameter_server
 import test_rules
+import test_streaming
 import test_threads
 
 from easgd import rules
@@ -70,6 +71,16 @@ REFERENCE_CHECKS = {
   "local_sgd": [lambda: test_outer.test_local_sgd_follows_its_equations(1)],
   "lookahead": [lambda: test_outer.test_lookahead_follows_its_equations(8, 1)],
   **{name: [_parameter_server(name)] for name in test_parameter_server.REFERENCE},
+  "streaming_diloco": [
+    lambda delay=delay, merge=merge: test_streaming.test_streaming_diloco_follows_its_equations(
+      delay, merge, num_devices=1
+    )
+    for delay, merge in test_streaming.DELAYS_AND_MERGES
+  ],
+  "streaming_easgd": [
+    lambda delay=delay: test_streaming.test_streaming_easgd_follows_its_equations(delay, 1)
+    for delay in test_streaming.EASGD_DELAYS
+  ],
 }
 
 

@@ -442,7 +442,7 @@ FIELDS_DECLARED = (
   Field(
     "outer.fragments",
     1,
-    integer(1, note="at most the model's parameter blocks (layers)"),
+    integer(1, note="at most the model's layers (parameter blocks)"),
     "F: the streaming rules' fragments of whole layers, one synced every comm_period/F "
     "steps (easgd/rules/streaming.py)",
     Shapes.IF_READ,

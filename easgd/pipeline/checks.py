@@ -9,6 +9,7 @@ import ml_collections
 
 from easgd.errors import require
 from easgd.pipeline.programs import PER_MODEL_FIELDS
+from easgd.rules.streaming import STREAMING_OFF
 
 
 def check(config: ml_collections.ConfigDict) -> None:
@@ -43,3 +44,10 @@ def check(config: ml_collections.ConfigDict) -> None:
     config.outer.exchange_dtype,
     "valid for pipeline: float32 (its models move whole; nothing is exchanged)",
   )
+  for field, off in STREAMING_OFF.items():
+    require(
+      config.outer[field] == off,
+      f"outer.{field}",
+      config.outer[field],
+      f"the pipeline exchanges nothing to stream (leave it {off!r})",
+    )

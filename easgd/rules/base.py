@@ -393,8 +393,9 @@ class Rule(abc.ABC):
       self.inner = optimizers.inner(hyper)
 
   @classmethod
-  def check_model(cls, hyper: Hyper, shapes: Params) -> None:
-    """Checks what it needs of the model, given its tree's shapes; raises ConfigError."""
+  def check_model(cls, hyper: Hyper, shapes: Callable[[], Params]) -> None:
+    """Checks what it needs of the model; `shapes()` traces its tree's shapes, for a
+    rule that asks. Raises ConfigError."""
     del hyper, shapes
 
   @classmethod

@@ -13,6 +13,7 @@ from easgd.errors import require
 from easgd.models import BATCH_NORM_MODELS
 from easgd.rules.base import DEFAULT_BETA, Momentum, Pull, Rule
 from easgd.rules.registry import RULES
+from easgd.rules.streaming import STREAMING_OFF
 
 
 def check(config: ml_collections.ConfigDict) -> None:
@@ -21,6 +22,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   rule = RULES[config.algorithm]
   _check_inner_optimizer(rule, config.optimizer)
   _check_outer(rule, config)
+  _check_exchange_dtype(rule, config.outer)
   _check_streaming(rule, config.outer)
   _check_batch_stats(rule, config)
 
@@ -112,12 +114,7 @@ def _check_outer(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
     )
 
 
-# The streaming fields and the value that leaves them out (easgd.rules.streaming).
-_STREAMING_OFF = {"fragments": 1, "sync_delay": 0, "merge": 1.0}
-
-
-def _check_streaming(rule: type[Rule], outer: ml_collections.ConfigDict) -> None:
-  """What an exchange is sent as; the fragments, delay and merge of the streaming rules."""
+def _check_exchange_dtype(rule: type[Rule], outer: ml_collections.ConfigDict) -> None:
   takes = ", ".join(n for n, r in RULES.items() if outer.exchange_dtype in r.exchange_dtypes)
   require(
     outer.exchange_dtype in rule.exchange_dtypes,
@@ -126,11 +123,15 @@ def _check_streaming(rule: type[Rule], outer: ml_collections.ConfigDict) -> None
     f"{rule.name} sends {', '.join(rule.exchange_dtypes)}; rules that send "
     f"{outer.exchange_dtype}: {takes}",
   )
-  for name, off in _STREAMING_OFF.items():
+
+
+def _check_streaming(rule: type[Rule], outer: ml_collections.ConfigDict) -> None:
+  """The fragments, delay and merge of the streaming rules, and no other's."""
+  streams = "outer.fragments" in rule.reads
+  for name, off in STREAMING_OFF.items():
     if f"outer.{name}" in rule.reads:
       continue
     takes = ", ".join(n for n, r in RULES.items() if f"outer.{name}" in r.reads)
-    streams = "outer.fragments" in rule.reads
     why = f"{rule.name} has no {name}" if streams else f"{rule.name} does not stream its exchanges"
     require(
       outer[name] == off,
@@ -138,7 +139,7 @@ def _check_streaming(rule: type[Rule], outer: ml_collections.ConfigDict) -> None
       outer[name],
       f"{why} (leave it {off!r}); rules that read it: {takes}",
     )
-  if "outer.fragments" not in rule.reads:
+  if not streams:
     return
   period = outer.comm_period
   require(

@@ -4,8 +4,9 @@
 A *block* is one top-level layer of the model's parameters (a Flax module:
 `Conv_0`, `Dense_1`, a BatchNorm's scale and shift); a BatchNorm layer's
 running statistics belong to its block too. The blocks, in the order of the
-tree's leaves (the model's layers by name), are cut into F contiguous
-fragments of about equal size: fragment k ends at the first block where the
+tree's leaves (the layers sorted by name, which is not always their depth:
+`bn1` sorts before `conv1`), are cut into F contiguous fragments of about
+equal size: fragment k ends at the first block where the
 running count of parameters reaches k/F of the total, and every fragment
 keeps at least one block. A model of fewer than F blocks cannot be split so.
 """
@@ -18,8 +19,6 @@ import jax
 import numpy as np
 
 from easgd.rules import model_state
-
-Tree = dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,14 +39,13 @@ class Fragments:
   def take(self, tree, fragment: int):
     """The part of a model tree (or a stacked one, or one shaped like it) in `fragment`."""
     names = self.blocks[fragment]
+
+    def part(layers):
+      return {name: layers[name] for name in names if name in layers}
+
     if model_state.has_stats(tree):
-      return {
-        "params": {name: tree["params"][name] for name in names},
-        model_state.STATS: {
-          name: tree[model_state.STATS][name] for name in names if name in tree[model_state.STATS]
-        },
-      }
-    return {name: tree[name] for name in names}
+      return {"params": part(tree["params"]), model_state.STATS: part(tree[model_state.STATS])}
+    return part(tree)
 
   def put(self, tree, fragment: int, part):
     """`tree` with its part in `fragment` replaced by `part` (a `take` of the same shape)."""
@@ -60,11 +58,13 @@ class Fragments:
 
 
 def blocks(tree) -> dict[str, int]:
-  """The model's blocks (top-level layers, in leaf order) and their parameter counts."""
+  """The model's blocks (top-level layers, in leaf order) and their parameter counts
+  (0 for a layer of statistics alone, a BatchNorm without scale or shift)."""
   params = model_state.trainable(tree)
+  names = set(params) | (set(tree[model_state.STATS]) if model_state.has_stats(tree) else set())
   return {
-    name: sum(int(np.prod(np.shape(leaf))) for leaf in jax.tree.leaves(params[name]))
-    for name in sorted(params)
+    name: sum(int(np.prod(np.shape(leaf))) for leaf in jax.tree.leaves(params.get(name, {})))
+    for name in sorted(names)
   }
 
 

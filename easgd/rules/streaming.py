@@ -6,7 +6,7 @@ communication", arXiv 2501.18512) splits the model into F fragments of whole
 layers (easgd.rules.fragments) and syncs one fragment every H/F steps
 instead of the whole model every H, which divides the peak bandwidth by about
 F. With H = `outer.comm_period`, F = `outer.fragments`, d = `outer.sync_delay`
-and t the steps taken after this one (state.step + 1):
+and t the steps taken, this one included (state.step + 1):
 
   every step:    u_i = inner update;  x_i <- x_i + u_i
   send, at every t with (t - f*H/F) mod H == 0, for fragment f:
@@ -50,6 +50,9 @@ from easgd.rules.outer import OUTER_READS, CenterRule
 from easgd.sim import clocks
 
 STREAMING_READS = ("outer.fragments", "outer.sync_delay")
+# The streaming fields (outer.*) at the values that leave streaming out: one
+# fragment, no delay, the reset itself; what a rule that does not read them needs.
+STREAMING_OFF = types.MappingProxyType({"fragments": 1, "sync_delay": 0, "merge": 1.0})
 
 
 class StreamingRule(CenterRule):
@@ -59,7 +62,7 @@ class StreamingRule(CenterRule):
 
   @classmethod
   def check_model(cls, hyper, shapes):
-    cls.split(hyper, shapes)
+    cls.split(hyper, shapes())
 
   @staticmethod
   def split(hyper, tree) -> fragments.Fragments:
@@ -75,6 +78,12 @@ class StreamingRule(CenterRule):
 
   def init(self, params, rng):
     self.fragments = self.fragments_of(params)
+    # Each fragment's message size, as exchange.sizes sizes the whole model's.
+    hyper = self.hyper
+    self.fragment_bytes = [
+      exchange.sizes(self.fragments.take(params, f), hyper.exchange_dtype, hyper.average_stats)[0]
+      for f in range(self.fragments.count)
+    ]
     count = self.hyper.num_workers
     workers = stack_workers(params, count)
     outer = self.outer()
@@ -93,17 +102,17 @@ class StreamingRule(CenterRule):
     return initial_state(rng, params, center_opt, workers, worker_opt, count)
 
   def make_clock(self, cluster, model_bytes, seed, sent_bytes=None):
-    """The staggered schedule of `init`'s fragments, each of its share of the bytes."""
+    """The staggered schedule of the fragments `init` found, each of its own size."""
     del sent_bytes  # an all-reduce's bytes are all its own, as the family's
-    total = sum(self.fragments.sizes)
-    shares = [model_bytes * size / total for size in self.fragments.sizes]
+    if not hasattr(self, "fragment_bytes"):
+      raise RuntimeError(f"{self.name}'s clock needs the model's fragments: call init first")
     return clocks.StreamingClock(
       cluster,
       self.hyper.num_workers,
       model_bytes,
       seed,
       self.period,
-      fragment_bytes=shares,
+      fragment_bytes=self.fragment_bytes,
       delay=self.hyper.sync_delay,
     )
 

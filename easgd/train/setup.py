@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 from easgd import evaluation, models, steps
 from easgd.config import schema, validation
 from easgd.data import stream
-from easgd.data.datasets import Dataset, load_dataset
+from easgd.data.datasets import Dataset, load_dataset, shape_of
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint, sharding
 from easgd.rules import model_state
@@ -70,6 +70,16 @@ def _able(others: Sequence, can: str) -> list[str]:
   return [f"runtime={runtime.name}" for runtime in others if getattr(runtime, can)]
 
 
+def model_shapes(config: ml_collections.ConfigDict):
+  """The shapes of the tree of config.model on config.data.dataset, traced without data."""
+  shape = shape_of(config.data.dataset, config.run.data_dir)
+  model = models.get_model(config.model, shape.num_classes, config.dtype)
+  sample = jnp.zeros((1, *shape.image_shape))
+  return jax.eval_shape(
+    lambda key: model_state.model_tree(model.init(key, sample)), jax.random.key(0)
+  )
+
+
 def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) -> Dataset:
   """The checks of what `config` names beyond itself: its dataset, the partitions
   of it, and the checkpoint in `workdir`. Raises ConfigError; writes nothing.
@@ -105,8 +115,6 @@ def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequ
 
   def init_params(key):
     return model_state.model_tree(model.init(key, sample))
-
-  runtime.check_model(config, jax.eval_shape(init_params, jax.random.PRNGKey(0)))
 
   placement = stream.choose(
     config.data, dataset.train_images.shape[1:], len(dataset.train_labels), parts, num_devices

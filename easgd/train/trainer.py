@@ -12,10 +12,12 @@ from easgd.train.runtimes import Runtime
 
 
 def check(config: ml_collections.ConfigDict) -> type[Runtime]:
-  """Every check of `config` alone, its runtime's included; returns the runtime that
-  runs it. Raises ConfigError; writes nothing."""
+  """Every check of `config` alone, its runtime's included (and what it asks of the
+  model); returns the runtime that runs it. Raises ConfigError; writes nothing."""
   validation.validate(config)
-  return runtimes.select(config)
+  runtime = runtimes.select(config)
+  runtime.check_model(config, lambda: setup_lib.model_shapes(config))
+  return runtime
 
 
 def train_and_evaluate(

@@ -177,7 +177,21 @@ def test_eamsgds_look_ahead_moves_the_parameters_alone(name, average_stats):
   keeps_or_averages_statistics(name, average_stats, nesterov=True)
 
 
-def keeps_or_averages_statistics(name, average_stats, nesterov=False):
+@pytest.mark.parametrize("average_stats", [False, True])
+@pytest.mark.parametrize(
+  "name,streaming",
+  [
+    ("streaming_diloco", dict(fragments=2, sync_delay=1, merge=0.5)),
+    ("streaming_easgd", dict(fragments=2, sync_delay=1)),
+  ],
+)
+def test_the_streaming_rules_move_statistics_with_their_layers_fragment(
+  name, streaming, average_stats
+):
+  keeps_or_averages_statistics(name, average_stats, **streaming)
+
+
+def keeps_or_averages_statistics(name, average_stats, nesterov=False, **streaming):
   """local: worker i's statistics are the running average over its own batches
   alone, whatever the rule exchanges; averaged: they reach the center."""
   workers, ticks = 4, 8
@@ -191,6 +205,7 @@ def keeps_or_averages_statistics(name, average_stats, nesterov=False):
     moving_rate=ALPHA,
     n_sync=2,
     average_stats=average_stats,
+    **streaming,
   )
   rule, state, step = start(name, hyper, num_devices=2)
   clock = rule.make_clock(UNEQUAL, model_bytes=1000, seed=0)

@@ -37,18 +37,24 @@ def reference(x0, batches, pull, **settings):
   )
 
 
-@pytest.mark.parametrize("delay,merge", [(0, 1.0), (1, 1.0), (3, 0.5), (2, 0.25)])
-def test_streaming_diloco_follows_its_equations(delay, merge):
+# (delay, merge): none, one step, and delays past H/F = 2, where both fragments are in
+# flight at once and one's result lands on the other's send.
+DELAYS_AND_MERGES = [(0, 1.0), (1, 1.0), (3, 0.5), (2, 0.25)]
+EASGD_DELAYS = [0, 2]
+
+
+@pytest.mark.parametrize("delay,merge", DELAYS_AND_MERGES)
+def test_streaming_diloco_follows_its_equations(delay, merge, num_devices=2):
   x0, batches = make_problem(num_workers=8, steps_count=STEPS)
   settings = hyper(sync_delay=delay, merge=merge, **OUTER)
-  actual = run_rule("streaming_diloco", settings, x0, batches, 2)
+  actual = run_rule("streaming_diloco", settings, x0, batches, num_devices)
   outer = numpy_optim.sgd(0.7, mu=0.9, nesterov=True)
   expected = reference(x0, batches, "reset", delay=delay, outer=outer, merge=merge)
   assert_follows(actual, expected)
 
 
 @pytest.mark.parametrize("num_devices", [8, 1])
-@pytest.mark.parametrize("delay", [0, 2])
+@pytest.mark.parametrize("delay", EASGD_DELAYS)
 def test_streaming_easgd_follows_its_equations(delay, num_devices):
   x0, batches = make_problem(num_workers=8, steps_count=STEPS)
   settings = hyper(sync_delay=delay, moving_rate=ALPHA)
@@ -120,6 +126,12 @@ def test_a_batch_norm_layers_statistics_go_with_its_fragment():
   first, second = parts.take(tree, 0), parts.take(tree, 1)
   assert list(first["batch_stats"]) == ["BatchNorm_0"] and not second["batch_stats"]
   assert parts.put(tree, 1, second) == tree
+  # A layer of statistics alone (a BatchNorm without scale or shift) is a block too.
+  tree["batch_stats"]["BatchNorm_1"] = {"mean": np.zeros(2)}
+  parts = fragments.split(tree, 3)
+  assert parts.blocks == (("BatchNorm_0",), ("BatchNorm_1",), ("Dense_0",))
+  middle = parts.take(tree, 1)
+  assert middle["params"] == {} and list(middle["batch_stats"]) == ["BatchNorm_1"]
 
 
 def test_the_clock_sends_one_fragment_at_a_time_and_overlaps_its_delay():

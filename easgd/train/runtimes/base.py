@@ -10,6 +10,7 @@ runtime is one class here and one line in the registry.
 """
 
 import abc
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import ml_collections
@@ -55,9 +56,9 @@ class Runtime(abc.ABC):
     del config
 
   @classmethod
-  def check_model(cls, config: ml_collections.ConfigDict, shapes) -> None:
-    """Checks what it needs of the model, given the shapes of its tree
-    (easgd.rules.model_state); raises ConfigError. Nothing is written before."""
+  def check_model(cls, config: ml_collections.ConfigDict, shapes: Callable[[], Any]) -> None:
+    """Checks what it needs of the model; `shapes()` traces the shapes of its tree
+    (easgd.rules.model_state), for a check that asks. Raises ConfigError."""
     del config, shapes
 
   @classmethod
