@@ -131,13 +131,27 @@ class SyncClock(Clock):
       self._worker_time[i] += self._step_time(i, step)
     requests = np.zeros(self.num_workers, np.int64)
     bytes_sent = np.zeros(self.num_workers)
-    if self.steps % self.period == 0 and self.num_workers > 1:
-      allreduce = self.cluster.allreduce_time(self.model_bytes, self.num_workers)
-      self._worker_time[:] = self._worker_time.max() + allreduce
+    size = self._sent_at_this_step()
+    if size is not None and self.num_workers > 1:
+      allreduce = self.cluster.allreduce_time(size, self.num_workers)
+      self._all_reduced(self._worker_time.max() + allreduce)
       requests[:] = 1
-      bytes_sent[:] = allreduce_bytes(self.model_bytes, self.num_workers)
+      bytes_sent[:] = allreduce_bytes(size, self.num_workers)
+    self._apply_arrivals()
     local = np.ones(self.num_workers, bool)
     return Tick(float(self._worker_time.max()), local, [], [], [], requests, bytes_sent)
+
+  def _sent_at_this_step(self) -> float | None:
+    """The bytes all-reduced at the end of this step (`self.steps` done), or None."""
+    return self.model_bytes if self.steps % self.period == 0 else None
+
+  def _all_reduced(self, end: float) -> None:
+    """An all-reduce that started when the slowest worker arrived ends at `end`: every
+    worker waits for it."""
+    self._worker_time[:] = end
+
+  def _apply_arrivals(self) -> None:
+    """Results waited for later than their all-reduce: none here."""
 
   def state_dict(self):
     return {**super().state_dict(), "steps": self.steps, "worker_time": self._worker_time.tolist()}
@@ -167,25 +181,19 @@ class StreamingClock(SyncClock):
     # Step count at which a result is applied -> the time its all-reduce ends.
     self._arrivals: dict[int, float] = {}
 
-  def _advance(self) -> Tick:
-    step = self.steps
-    self.steps += 1
-    for i in range(self.num_workers):
-      self._worker_time[i] += self._step_time(i, step)
-    requests = np.zeros(self.num_workers, np.int64)
-    bytes_sent = np.zeros(self.num_workers)
+  def _sent_at_this_step(self) -> float | None:
+    """Fragment f's bytes when (t - f*period/F) mod period == 0, t = `self.steps`."""
     spacing = self.period // len(self.fragment_bytes)
     phase = self.steps % self.period
-    if phase % spacing == 0 and self.num_workers > 1:
-      size = self.fragment_bytes[phase // spacing]
-      allreduce = self.cluster.allreduce_time(size, self.num_workers)
-      self._arrivals[self.steps + self.delay] = self._worker_time.max() + allreduce
-      requests[:] = 1
-      bytes_sent[:] = allreduce_bytes(size, self.num_workers)
+    return self.fragment_bytes[phase // spacing] if phase % spacing == 0 else None
+
+  def _all_reduced(self, end: float) -> None:
+    # The workers go on; they wait for it when its result is applied.
+    self._arrivals[self.steps + self.delay] = end
+
+  def _apply_arrivals(self) -> None:
     if self.steps in self._arrivals:
       np.maximum(self._worker_time, self._arrivals.pop(self.steps), out=self._worker_time)
-    local = np.ones(self.num_workers, bool)
-    return Tick(float(self._worker_time.max()), local, [], [], [], requests, bytes_sent)
 
   def state_dict(self):
     arrivals = [[step, end] for step, end in sorted(self._arrivals.items())]

@@ -74,10 +74,17 @@ def model_shapes(config: ml_collections.ConfigDict):
   """The shapes of the tree of config.model on config.data.dataset, traced without data."""
   shape = shape_of(config.data.dataset, config.run.data_dir)
   model = models.get_model(config.model, shape.num_classes, config.dtype)
-  sample = jnp.zeros((1, *shape.image_shape))
-  return jax.eval_shape(
-    lambda key: model_state.model_tree(model.init(key, sample)), jax.random.key(0)
-  )
+  return jax.eval_shape(_initializer(model, shape.image_shape), jax.random.PRNGKey(0))
+
+
+def _initializer(model, image_shape) -> Callable:
+  """key -> the model tree (easgd.rules.model_state) of `model` on images of `image_shape`."""
+  sample = jnp.zeros((1, *image_shape))
+
+  def init_params(key):
+    return model_state.model_tree(model.init(key, sample))
+
+  return init_params
 
 
 def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) -> Dataset:
@@ -111,10 +118,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequ
   mesh = sharding.make_mesh(num_devices)
   model = models.get_model(config.model, dataset.num_classes, config.dtype)
   normalize = steps.make_normalize(dataset)
-  sample = jnp.zeros((1, *dataset.train_images.shape[1:]))
-
-  def init_params(key):
-    return model_state.model_tree(model.init(key, sample))
+  init_params = _initializer(model, dataset.train_images.shape[1:])
 
   placement = stream.choose(
     config.data, dataset.train_images.shape[1:], len(dataset.train_labels), parts, num_devices
