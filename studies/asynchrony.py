@@ -3,8 +3,9 @@
     python studies/asynchrony.py --workdir runs/asynchrony [--total_steps 600] [--seeds 3]
         [--rules sync_easgd,async_easgd,...] [--set cluster.bandwidth=1.25e7 ...] [--name NAME]
 
-Trains every registered rule but the center family's reset rules (those have
-studies/outer.py): the synchronous ones and the parameter-server family, on
+Trains every registered rule but the center family's reset rules and the
+streaming rules (those have studies/outer.py) and async_local_sgd (which has
+studies/heterogeneous.py): the synchronous ones and the parameter-server family, on
 mnist5k with 8 workers under the default config's timing model, one run per
 rule and seed in <workdir>/<rule>/seed_<n> (finished runs are reused, so the
 study resumes), and writes
@@ -27,22 +28,19 @@ import os
 import sys
 
 import jax
-
-jax.config.update("jax_num_cpu_devices", 8)
-
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
 
-from easgd import arguments, rules  # noqa: E402
-from easgd.config import schema, validation  # noqa: E402
-from easgd.configs import default  # noqa: E402
-from easgd.errors import ConfigError  # noqa: E402
-from easgd.sim import sizing  # noqa: E402
-from easgd.train import trainer  # noqa: E402
+from easgd import arguments, rules
+from easgd.config import schema, validation
+from easgd.configs import default
+from easgd.errors import ConfigError
+from easgd.sim import sizing
+from easgd.train import trainer
 
 TARGET = 0.95
 LEARNING_RATE, MOMENTUM = 0.05, 0.9
@@ -212,19 +210,28 @@ def plot(all_scalars, path, title):
   figure.savefig(path, dpi=110)
 
 
+def use_cpu_devices(count: int = 8) -> None:
+  """Gives JAX `count` CPU devices, one a worker: the first thing a study's `main` does,
+  before anything touches a device (importing a study does not)."""
+  jax.config.update("jax_num_cpu_devices", count)
+
+
 def main():
+  use_cpu_devices()
   parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
   parser.add_argument("--total_steps", type=arguments.integer(1), default=600)
   parser.add_argument("--seeds", type=arguments.integer(1), default=3)
   # The elastic and gradient-pushing rules, synchronous and asynchronous; the reset
   # rules of the center family and the streaming rules have their own study
-  # (studies/outer.py).
+  # (studies/outer.py), and async_local_sgd's outer optimizer has its own
+  # (studies/heterogeneous.py).
   compared = [
     n
     for n in rules.names()
     if rules.Pull.RESET not in rules.RULES[n].pulls
     and "outer.fragments" not in rules.RULES[n].reads
+    and "outer.momentum_period" not in rules.RULES[n].reads
   ]
   parser.add_argument("--rules", default=",".join(compared), help="comma-separated rules")
   parser.add_argument(

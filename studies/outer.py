@@ -22,7 +22,7 @@ within that budget.
 import os
 import sys
 
-import asynchrony  # the sibling study's run and curve helpers (sets 8 CPU devices)
+import asynchrony  # the sibling study's run and curve helpers
 import matplotlib.pyplot as plt
 from absl import logging as absl_logging
 
@@ -185,6 +185,7 @@ def plot(results, path, title):
 
 
 def main():
+  asynchrony.use_cpu_devices()
   parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
   parser.add_argument("--total_steps", type=arguments.integer(1), default=400)

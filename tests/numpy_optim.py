@@ -96,6 +96,36 @@ class LookAheadSGD:
     return dict(v), {"t": state["t"] + 1, "v": v}
 
 
+class DelayedNesterov:
+  """Delayed Nesterov (Liu et al. 2024, "Asynchronous Local-SGD Training for Language
+  Modeling", Algorithm 3), a master's outer optimizer: learning rate eta, momentum
+  decay beta, buffer size N, momentum activation c. At the t-th pseudo-gradient g:
+  if t is a multiple of N, m <- beta*m + (D + g)/N, D <- 0, and the center moves by
+  -eta*((1 - c*N + c)*beta*m + g/N); otherwise D <- D + g and it moves by
+  -eta*(c*beta*m + g/N)."""
+
+  def __init__(self, eta, beta, n, c=0.0):
+    self.eta, self.beta, self.n, self.c = eta, beta, n, c
+
+  def init(self, x):
+    zeros = {k: np.zeros_like(v, dtype=np.float64) for k, v in x.items()}
+    return {"t": 0, "m": dict(zeros), "d": dict(zeros)}
+
+  def update(self, g, state, x):
+    """Returns (the center's step, the new state)."""
+    del x
+    t, m, d = state["t"] + 1, state["m"], state["d"]
+    if t % self.n == 0:
+      m = {k: self.beta * m[k] + (d[k] + g[k]) / self.n for k in g}
+      d = {k: np.zeros_like(v) for k, v in d.items()}
+      share = 1 - self.c * self.n + self.c
+    else:
+      d = {k: d[k] + g[k] for k in g}
+      share = self.c
+    step = {k: -self.eta * (share * self.beta * m[k] + g[k] / self.n) for k in g}
+    return step, {"t": t, "m": m, "d": d}
+
+
 def sgd(eta, mu=0.0, nesterov=False):
   return Optimizer("sgd", constant(eta), mu=mu, nesterov=nesterov)
 

@@ -114,6 +114,7 @@ def parameter_server(
   mu=None,
   inner=None,
   server="sgd",
+  outer=None,
   until,
 ):
   """A literal parameter server: P worker loops and one master, event by event.
@@ -127,7 +128,12 @@ def parameter_server(
     x_i at the step's start; after the reply, x_i <- x_i - e + u(x_i) with
     e = alpha*(x_i - center) and u the local update at the x_i it sent), or
     "push" (SGD/Downpour: x_i <- x_i + u, G_i += g at the end of each
-    step; every period-th step ends by pushing G_i and fetching the center).
+    step; every period-th step ends by pushing G_i and fetching the center), or
+    "local" (Asynchronous Local SGD: x_i <- x_i + u at the end of each step;
+    every period-th step ends by pushing Delta_i = a_i - x_i, which the master
+    applies with `outer` (numpy_optim.DelayedNesterov), and fetching the
+    center, which becomes x_i and the anchor a_i).
+  period: local steps between a worker's requests, one for all or a list, each worker's.
   inner: the workers' optimizer (numpy_optim.Optimizer or LookAheadSGD, whose gradient is
     taken at inner.point(x)) or None (u = -eta*g); mu: the master's.
   lock: "fcfs" (a FIFO queue at a locked master), "round_robin", or None (Hogwild:
@@ -141,7 +147,10 @@ def parameter_server(
   previous read.
   """
   num_workers = len(batches)
+  periods = [period] * num_workers if isinstance(period, int) else list(period)
   workers = [dict(x0) for _ in range(num_workers)]
+  anchors = [dict(x0) for _ in range(num_workers)]
+  outer_state = outer.init(x0) if outer else None
   states = [inner.init(x0) if inner else None for _ in range(num_workers)]
   accumulated = [_zeros(x0) for _ in range(num_workers)]
   center = dict(x0)
@@ -173,7 +182,7 @@ def parameter_server(
 
   def begin(i, time):
     k = steps[i]
-    if family == "elastic" and (k + 1) % period == 0:
+    if family == "elastic" and (k + 1) % periods[i] == 0:
       sent[i] = dict(workers[i])
       at(time + message, 1, i, "arrive")
     else:
@@ -195,6 +204,10 @@ def parameter_server(
     if family == "elastic":
       increment = _scale(_sub(sent[i], center), alpha)
       reply[i] = increment
+    elif family == "local":
+      nonlocal outer_state
+      increment, outer_state = outer.update(_sub(anchors[i], workers[i]), outer_state, center)
+      reply[i] = _add(center, increment)
     else:
       increment = server_update(accumulated[i], i)
       reply[i] = _add(center, increment)
@@ -247,7 +260,7 @@ def parameter_server(
     elif name == "reply" and family == "elastic":
       at(time + durations(i, steps[i]), 2, i, "step")
     elif name == "reply":
-      workers[i] = reply[i]
+      workers[i] = anchors[i] = reply[i]
       accumulated[i] = _zeros(x0)
       worker_histories[i].append(dict(workers[i]))
       begin(i, time)
@@ -255,7 +268,7 @@ def parameter_server(
       k = steps[i]
       batch = batches[i][k]
       steps[i] += 1
-      exchanged = family == "elastic" and (k + 1) % period == 0
+      exchanged = family == "elastic" and (k + 1) % periods[i] == 0
       if family == "elastic":
         x = sent[i] if exchanged else workers[i]
         update, _ = local_update(i, x, batch)
@@ -267,7 +280,7 @@ def parameter_server(
         workers[i] = _add(workers[i], update)
         accumulated[i] = _add(accumulated[i], g)
         worker_histories[i].append(dict(workers[i]))
-        if steps[i] % period == 0:
+        if steps[i] % periods[i] == 0:
           at(time + message, 1, i, "arrive")
         else:
           begin(i, time)

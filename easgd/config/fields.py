@@ -465,6 +465,33 @@ FIELDS_DECLARED = (
     earlier=1.0,
   ),
   Field(
+    "outer.momentum_period",
+    1,
+    integer(1),
+    "N: async_local_sgd's Delayed Nesterov moves the master's momentum every N pushes and "
+    "applies each push alone in between (1: Nesterov at every push)",
+    Shapes.IF_READ,
+    earlier=1,
+  ),
+  Field(
+    "outer.momentum_activation",
+    0.0,
+    number(0, 1, high_open=False, words="must be in [0, 1/outer.momentum_period]"),
+    "c: the share of Delayed Nesterov's momentum applied at each push between its moves "
+    "(0: all of it when it moves)",
+    Shapes.IF_READ,
+    earlier=0.0,
+  ),
+  Field(
+    "outer.dynamic_local_steps",
+    False,
+    FLAG,
+    "async_local_sgd's DyLU: each worker's local steps between pushes scaled by its speed, "
+    "floor(comm_period * its speed / the fastest's)",
+    Shapes.IF_READ,
+    earlier=False,
+  ),
+  Field(
     "outer.batch_stats",
     "averaged",
     one_of(

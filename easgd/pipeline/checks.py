@@ -9,6 +9,7 @@ import ml_collections
 
 from easgd.errors import require
 from easgd.pipeline.programs import PER_MODEL_FIELDS
+from easgd.rules.parameter_server import ASYNC_LOCAL_OFF
 from easgd.rules.streaming import STREAMING_OFF
 
 
@@ -50,4 +51,11 @@ def check(config: ml_collections.ConfigDict) -> None:
       f"outer.{field}",
       config.outer[field],
       f"the pipeline exchanges nothing to stream (leave it {off!r})",
+    )
+  for field, off in ASYNC_LOCAL_OFF.items():
+    require(
+      config.outer[field] == off,
+      f"outer.{field}",
+      config.outer[field],
+      f"the pipeline has no master and no local steps between pushes (leave it {off!r})",
     )

@@ -138,6 +138,10 @@ class Hyper:
   fragments: int = _config("outer.fragments", default=1)
   sync_delay: int = _config("outer.sync_delay", default=0)
   merge: float = _config("outer.merge", default=1.0)
+  # async_local_sgd's master and workers (easgd.rules.parameter_server).
+  momentum_period: int = _config("outer.momentum_period", default=1)  # N of Delayed Nesterov
+  momentum_activation: float = _config("outer.momentum_activation", default=0.0)  # its c
+  dynamic_local_steps: bool = _config("outer.dynamic_local_steps", default=False)  # DyLU
   # Sums over workers added in worker order: no layout reassociates them.
   deterministic_sums: bool = _config("deterministic_sums", default=False)
 

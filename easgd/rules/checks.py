@@ -12,6 +12,7 @@ import ml_collections
 from easgd.errors import require
 from easgd.models import BATCH_NORM_MODELS
 from easgd.rules.base import DEFAULT_BETA, Momentum, Pull, Rule
+from easgd.rules.parameter_server import ASYNC_LOCAL_OFF
 from easgd.rules.registry import RULES
 from easgd.rules.streaming import STREAMING_OFF
 
@@ -24,6 +25,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   _check_outer(rule, config)
   _check_exchange_dtype(rule, config.outer)
   _check_streaming(rule, config.outer)
+  _check_async_local(rule, config.outer)
   _check_batch_stats(rule, config)
 
 
@@ -156,6 +158,39 @@ def _check_streaming(rule: type[Rule], outer: ml_collections.ConfigDict) -> None
     f"must be below outer.comm_period = {period}: a fragment's result is applied before "
     "it is sent again",
   )
+
+
+# What each of async_local_sgd's own fields is, for a rule that has none.
+_ASYNC_LOCAL_WHAT = {
+  "momentum_period": "Delayed Nesterov master",
+  "momentum_activation": "Delayed Nesterov master",
+  "dynamic_local_steps": "dynamic local steps",
+}
+
+
+def _check_async_local(rule: type[Rule], outer: ml_collections.ConfigDict) -> None:
+  """Delayed Nesterov's N and c, and the dynamic local steps: async_local_sgd's alone."""
+  for name, off in ASYNC_LOCAL_OFF.items():
+    if f"outer.{name}" in rule.reads:
+      continue
+    takes = ", ".join(n for n, r in RULES.items() if f"outer.{name}" in r.reads)
+    lockstep = "" if rule.parameter_server() else ": its workers step in lockstep"
+    require(
+      outer[name] == off,
+      f"outer.{name}",
+      outer[name],
+      f"{rule.name} has no {_ASYNC_LOCAL_WHAT[name]}{lockstep} (leave it {off!r}); "
+      f"rules that read it: {takes}",
+    )
+  if "outer.momentum_period" in rule.reads:
+    period = outer.momentum_period
+    require(
+      outer.momentum_activation <= 1 / period,
+      "outer.momentum_activation",
+      outer.momentum_activation,
+      f"must be in [0, 1/outer.momentum_period] = [0, {1 / period:g}]: the momentum's "
+      "shares over N pushes add up to one",
+    )
 
 
 def _check_batch_stats(rule: type[Rule], config: ml_collections.ConfigDict) -> None:

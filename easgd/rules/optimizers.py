@@ -28,7 +28,8 @@ later), exactly as if each worker ran its own optimizer, as they do.
 Outer (`config.outer.*`), at an exchange of the center family
 (easgd.rules.outer): optax SGD with learning rate eta_o and optional
 (Nesterov) momentum, or Adam, applied to the pseudo-gradient
-Delta = mean_i (x~ - x_i) as if it were a gradient.
+Delta = mean_i (x~ - x_i) as if it were a gradient. async_local_sgd's master
+applies each worker's pseudo-gradient with `delayed_nesterov`.
 """
 
 import math
@@ -165,3 +166,59 @@ def outer(
   if name != "sgd":
     raise ValueError(f"unknown outer optimizer {name!r}; valid: {', '.join(OUTER)}")
   return optax.sgd(learning_rate, momentum=momentum or None, nesterov=nesterov)
+
+
+class DelayedNesterovState(NamedTuple):
+  """Delayed Nesterov's momentum m, its buffer of pseudo-gradients since m last
+  moved, and the count of pseudo-gradients applied."""
+
+  momentum: optax.Params
+  buffer: optax.Params
+  count: jax.Array
+
+
+def delayed_nesterov(
+  learning_rate: float, momentum: float, period: int, activation: float
+) -> optax.GradientTransformation:
+  """Delayed Nesterov (DN; Liu et al. 2024, "Asynchronous Local-SGD Training for
+  Language Modeling", Algorithm 3): a master's outer optimizer that moves its
+  momentum only every N = `period` pseudo-gradients g_t and applies each g_t
+  alone in between. With eta_o = `learning_rate`, beta = `momentum` and the
+  momentum activation c = `activation` in [0, 1/N], at the t-th g_t (t from 1):
+      t mod N == 0:  m <- beta*m + (B + g_t)/N;  B <- 0
+                     u = -eta_o*((1 - c*N + c)*beta*m + g_t/N)
+      otherwise:     B <- B + g_t
+                     u = -eta_o*(c*beta*m + g_t/N)
+  Over N pseudo-gradients the momentum is applied once in all ((N - 1)*c + 1 -
+  c*N + c = 1), as one Nesterov step on their mean would apply it. With N = 1
+  (c is then 0) it is optax's Nesterov SGD, m <- g + beta*m, u = -eta_o*(g + beta*m),
+  in the same floating-point operations.
+  """
+
+  beta = momentum
+
+  def init(params):
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return DelayedNesterovState(zeros, zeros, jnp.zeros((), jnp.int32))
+
+  def update(grads, state, params=None):
+    del params
+    count = optax.safe_increment(state.count)
+    moves = count % period == 0
+    # The momentum's share of this step: 1 - c*N + c when it moves, c otherwise.
+    share = jnp.where(moves, 1.0 - activation * period + activation, activation)
+    moved = jax.tree.map(
+      lambda m, b, g: jnp.where(moves, (b + g) / period + beta * m, m),
+      state.momentum,
+      state.buffer,
+      grads,
+    )
+    buffer = jax.tree.map(
+      lambda b, g: jnp.where(moves, jnp.zeros_like(b), b + g), state.buffer, grads
+    )
+    updates = jax.tree.map(
+      lambda g, m: -learning_rate * (g / period + share * beta * m), grads, moved
+    )
+    return updates, DelayedNesterovState(moved, buffer, count)
+
+  return optax.GradientTransformation(init, update)

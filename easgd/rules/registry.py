@@ -22,6 +22,7 @@ RULES: dict[str, type[Rule]] = {
     parameter_server.AsyncMSGD,
     parameter_server.HogwildSGD,
     parameter_server.Downpour,
+    parameter_server.AsyncLocalSGD,
     outer.DiLoCo,
     outer.LocalSGD,
     outer.Lookahead,

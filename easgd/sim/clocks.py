@@ -11,6 +11,7 @@ order. Slow workers therefore sit out ticks and take fewer steps.
 import abc
 import enum
 import heapq
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -213,8 +214,8 @@ class StreamingClock(SyncClock):
 class AsyncClock(Clock):
   """A parameter server and its workers, simulated event by event.
 
-  A worker's life is a loop of steps. Every `period`-th step includes a
-  request to the master: one message there (the worker's parameters, or its
+  A worker's life is a loop of steps. Every `period`-th step (of that worker's
+  period) includes a request to the master: one message there (the worker's parameters, or its
   accumulated gradient), the master's service, one message back.
     * exchange_first=True (the EASGD family): the request is sent at the
       start of the step, and the step's gradient is computed after the
@@ -240,13 +241,15 @@ class AsyncClock(Clock):
     num_workers,
     model_bytes,
     seed,
-    period: int,
+    period: int | Sequence[int],
     policy: Policy,
     exchange_first: bool,
     sent_bytes=None,
   ):
+    """period: local steps between two requests of a worker, the same for every
+    worker or each worker's own (async_local_sgd's dynamic local steps)."""
     super().__init__(cluster, num_workers, model_bytes, seed, sent_bytes)
-    self.period = period
+    self.periods = [period] * num_workers if isinstance(period, int) else list(period)
     self.policy = policy
     self.exchange_first = exchange_first
     self.message = cluster.message_time(model_bytes)
@@ -270,7 +273,7 @@ class AsyncClock(Clock):
   def _begin_step(self, worker: int, time: float) -> None:
     step = self._begun[worker]
     self._begun[worker] += 1
-    if self.exchange_first and (step + 1) % self.period == 0:
+    if self.exchange_first and (step + 1) % self.periods[worker] == 0:
       self._push(time + self.message, _Event.ARRIVE, worker)
     else:
       self._push(time + self._step_time(worker, step), _Event.DONE, worker)
@@ -305,7 +308,7 @@ class AsyncClock(Clock):
       self._begin_step(worker, time)
     elif kind == _Event.DONE:
       self._ticks.emit(time, worker, local=True)
-      if not self.exchange_first and self._begun[worker] % self.period == 0:
+      if not self.exchange_first and self._begun[worker] % self.periods[worker] == 0:
         self._push(time + self.message, _Event.ARRIVE, worker)
       else:
         self._begin_step(worker, time)

@@ -76,6 +76,12 @@ FIELDS = {
   "outer.fragments": (lambda v: _integer(v) and v in (1, 2, 4), {"algorithm": "streaming_diloco"}),
   "outer.sync_delay": (lambda v: _integer(v) and 0 <= v < 4, {"algorithm": "streaming_diloco"}),
   "outer.merge": (lambda v: _number(v) and 0 < v <= 1, {"algorithm": "streaming_diloco"}),
+  # Delayed Nesterov's N, and its c in [0, 1/N] (here N = 1).
+  "outer.momentum_period": (integer_at_least(1), {"algorithm": "async_local_sgd"}),
+  "outer.momentum_activation": (
+    lambda v: _number(v) and 0 <= v <= 1,
+    {"algorithm": "async_local_sgd", "outer.momentum_period": 1},
+  ),
   "downpour.n_sync": (integer_at_least(1), {"algorithm": "downpour"}),
   "pipeline.models": (integer_at_least(1), {"algorithm": "pipeline"}),
   "pipeline.stage_steps": (integer_at_least(1), {"algorithm": "pipeline"}),
@@ -148,6 +154,7 @@ ALWAYS = {
   "optimizer.warmup_steps": integer_at_least(0),
   "outer.fragments": integer_at_least(1),
   "outer.sync_delay": integer_at_least(0),
+  "outer.momentum_period": integer_at_least(1),
 }
 # A valid config for each algorithm: the momentum rules need a momentum.
 ALGORITHMS = {

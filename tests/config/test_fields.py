@@ -62,6 +62,9 @@ def test_the_migration_hints_come_from_the_declarations():
     "outer.fragments": 1,
     "outer.sync_delay": 0,
     "outer.merge": 1.0,
+    "outer.momentum_period": 1,
+    "outer.momentum_activation": 0.0,
+    "outer.dynamic_local_steps": False,
   }
 
 

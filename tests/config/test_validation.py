@@ -301,3 +301,64 @@ def test_the_streaming_fields_are_refused_where_they_cannot_apply(overrides, mes
   with pytest.raises(ConfigError) as refused:
     validation.validate(config_with(overrides))
   assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
+    (
+      {"outer.dynamic_local_steps": True},
+      "config.outer.dynamic_local_steps=True is invalid: sync_easgd has no dynamic local "
+      "steps: its workers step in lockstep (leave it False); rules that read it: "
+      "async_local_sgd",
+    ),
+    (
+      {"algorithm": "diloco", "outer.momentum_period": 8},
+      "config.outer.momentum_period=8 is invalid: diloco has no Delayed Nesterov master: "
+      "its workers step in lockstep (leave it 1)",
+    ),
+    (
+      {"algorithm": "async_easgd", "outer.dynamic_local_steps": True},
+      "config.outer.dynamic_local_steps=True is invalid: async_easgd has no dynamic local "
+      "steps (leave it False)",
+    ),
+    (
+      {"algorithm": "downpour", "outer.momentum_activation": 0.1},
+      "config.outer.momentum_activation=0.1 is invalid: downpour has no Delayed Nesterov master",
+    ),
+    (
+      {
+        "algorithm": "async_local_sgd",
+        "outer.momentum_period": 4,
+        "outer.momentum_activation": 0.5,
+      },
+      "config.outer.momentum_activation=0.5 is invalid: must be in [0, 1/outer.momentum_period] "
+      "= [0, 0.25]",
+    ),
+    (
+      {"algorithm": "async_local_sgd", "outer.momentum_period": 0},
+      "config.outer.momentum_period=0 is invalid: must be an integer >= 1",
+    ),
+  ],
+)
+def test_async_local_sgds_fields_are_refused_where_they_cannot_apply(overrides, message):
+  with pytest.raises(ConfigError) as refused:
+    validation.validate(config_with(overrides))
+  assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+  "field,value",
+  [
+    ("outer.fragments", 2),
+    ("outer.sync_delay", 1),
+    ("outer.merge", 0.5),
+    ("outer.momentum_period", 8),
+    ("outer.momentum_activation", 0.1),
+    ("outer.dynamic_local_steps", True),
+  ],
+)
+def test_the_pipeline_refuses_the_exchange_fields_it_has_no_use_for(field, value):
+  with pytest.raises(ConfigError) as refused:
+    validation.validate(config_with({"algorithm": "pipeline", field: value}))
+  assert str(refused.value).startswith(f"config.{field}={value!r} is invalid: the pipeline ")

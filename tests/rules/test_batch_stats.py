@@ -160,9 +160,9 @@ WITH_WORKERS = sorted(set(rules.RULES) - {"sync_sgd"})
 
 
 # Every rule with statistics kept local (checked exactly), and averaged for one
-# rule of each kind of exchange (elastic, momentum, pushed gradients, unlocked);
-# the quick tier's rules only under -m "not e2e".
-AVERAGED = ("sync_measgd", "async_easgd", "downpour", "hogwild_sgd")
+# rule of each kind of exchange (elastic, momentum, pushed gradients, unlocked,
+# pushed pseudo-gradients); the quick tier's rules only under -m "not e2e".
+AVERAGED = ("sync_measgd", "async_easgd", "downpour", "hogwild_sgd", "async_local_sgd")
 CASES = tiers.cases([(name, False) for name in WITH_WORKERS] + [(name, True) for name in AVERAGED])
 
 

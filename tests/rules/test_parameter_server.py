@@ -1,5 +1,6 @@
-"""The parameter-server rules against a literal event loop in NumPy, and the
-identities that hold between rules (docs/asynchrony.md lists them)."""
+"""The parameter-server rules against a literal event loop in NumPy, the identities
+that hold between rules (docs/asynchrony.md lists them), and a resume of
+async_local_sgd's master between its momentum's moves."""
 
 import dataclasses
 import math
@@ -16,7 +17,9 @@ from easgd import rules, steps
 from easgd.infra import sharding
 from easgd.sim import timing
 from easgd.sim.ticks import OpKind
+from easgd.train import trainer
 from least_squares import DIM, OUT, loss_fn, numpy_grad
+from runs import read_state, small_config, steps_saved
 
 ETA, ALPHA, MU = 0.05, 0.2, 0.9
 WORKERS, BATCH = 4, 4
@@ -45,7 +48,10 @@ REFERENCE = {
   "async_msgd": ("push", "fcfs", 1, "momentum", MU, False),
   "hogwild_sgd": ("push", None, 1, "sgd", None, False),
   "downpour": ("push", "fcfs", 3, "adagrad", None, False),
+  "async_local_sgd": ("local", "fcfs", 2, "delayed_nesterov", None, False),
 }
+# async_local_sgd's master: Delayed Nesterov with eta_o, beta, N and c.
+OUTER_ETA, OUTER_MU, DN_PERIOD, DN_ACTIVATION = 0.5, 0.8, 3, 0.1
 
 
 def hyper_for(name, num_workers=WORKERS, comm_period=2):
@@ -59,6 +65,10 @@ def hyper_for(name, num_workers=WORKERS, comm_period=2):
     moving_rate=ALPHA,
     n_sync=3,
     server_optimizer="adagrad",
+    outer_learning_rate=OUTER_ETA,
+    outer_momentum=OUTER_MU,
+    momentum_period=DN_PERIOD,
+    momentum_activation=DN_ACTIVATION,
   )
 
 
@@ -167,6 +177,38 @@ def test_each_workers_inner_optimizer_and_schedule_follow_its_own_steps(name, se
   follows_the_event_loop(name, hyper, inner, 2)
 
 
+@pytest.mark.parametrize(
+  "settings,inner",
+  [
+    # Nesterov at every push (N = 1), the workers with momentum SGD.
+    (dict(momentum_period=1, momentum_activation=0.0, momentum=MU), numpy_optim.sgd(ETA, MU)),
+    # Delayed Nesterov, no activation, and DyLU: H = 4 on speeds 1, 1/2, 3/5, 1/2.
+    (dict(momentum_activation=0.0, comm_period=4, dynamic_local_steps=True), None),
+    # Delayed Nesterov with an activation, DyLU, and AdamW workers under a schedule.
+    (
+      dict(
+        comm_period=3,
+        dynamic_local_steps=True,
+        optimizer="adamw",
+        schedule="warmup_cosine",
+        warmup_steps=4,
+        weight_decay=0.1,
+      ),
+      numpy_optim.Optimizer("adamw", numpy_optim.warmup_cosine(ETA, 4, 30), wd=0.1),
+    ),
+  ],
+)
+def test_async_local_sgd_follows_the_event_loop(settings, inner):
+  hyper = dataclasses.replace(hyper_for("async_local_sgd"), total_steps=30, **settings)
+  follows_the_event_loop("async_local_sgd", hyper, inner, 2)
+
+
+def dynamic_local_steps(comm_period, mean_step_times):
+  """DyLU (Liu et al. 2024): H_w = floor(H * v_w / max v), v = 1/c, at least one step."""
+  speeds = 1 / np.asarray(mean_step_times)
+  return [max(1, math.floor(comm_period * v / speeds.max() + 1e-9)) for v in speeds]
+
+
 def follows_the_event_loop(name, hyper, inner, num_devices):
   """The rule's state after each tick is numpy_reference.parameter_server's after the
   same events."""
@@ -175,6 +217,15 @@ def follows_the_event_loop(name, hyper, inner, num_devices):
   states, ticks = run_ticks(name, hyper, UNEQUAL, x0, batches, 30, num_devices)
 
   mean = UNEQUAL.mean_step_times(WORKERS)
+  outer = None
+  if family == "local":
+    outer = numpy_optim.DelayedNesterov(
+      OUTER_ETA, OUTER_MU, hyper.momentum_period, hyper.momentum_activation
+    )
+    period = hyper.comm_period
+    if hyper.dynamic_local_steps:
+      period = dynamic_local_steps(period, mean)
+      assert len(set(period)) > 1, period  # the speeds really differ
 
   def durations(i, k):
     # The timing model's formula, written out: lognormal jitter from (seed, i, k).
@@ -196,6 +247,7 @@ def follows_the_event_loop(name, hyper, inner, num_devices):
     mu=mu,
     inner=inner,
     server=server,
+    outer=outer,
     until=ticks[-1].time + 10,
   )
   writes = np.zeros((), int)
@@ -204,7 +256,7 @@ def follows_the_event_loop(name, hyper, inner, num_devices):
   for state, tick in zip(states, ticks, strict=True):
     for kind, worker in tick.ops:
       writes += kind in (OpKind.EXCHANGE, OpKind.WRITE)
-      if family == "push":
+      if family in ("push", "local"):
         updates[worker] += kind in (OpKind.EXCHANGE, OpKind.READ)
     updates += tick.local
     served += tick.staleness
@@ -312,3 +364,45 @@ def test_the_seed_replays_the_run_and_another_seed_changes_the_order():
   _, ticks_c = final("async_easgd", hyper_for("async_easgd"), UNEQUAL, seed=4)
   assert [t.ops for t in ticks_a] == [t.ops for t in ticks_b]
   assert [t.ops for t in ticks_a] != [t.ops for t in ticks_c]
+
+
+def test_one_worker_of_async_local_sgd_with_nesterov_at_every_push_is_diloco():
+  # One worker's H local steps, its push, the master's Nesterov step and the fetch
+  # are diloco's step on one worker. (To float rounding: XLA fuses a parameter-server
+  # rule's local step otherwise than the center family's, as for async_sgd's.)
+  timing = dataclasses.replace(UNEQUAL, stragglers=())
+  hyper = dataclasses.replace(
+    hyper_for("async_local_sgd", num_workers=1, comm_period=3),
+    momentum_period=1,
+    momentum_activation=0.0,
+  )
+  a, ticks = final("async_local_sgd", hyper, timing, ticks=12, num_workers=1)
+  assert sum(len(t.ops) for t in ticks) == 4
+  diloco = dataclasses.replace(hyper, outer_optimizer="sgd", outer_nesterov=True)
+  b, _ = final("diloco", diloco, timing, ticks=12, num_workers=1)
+  assert_same_state(a, b, exact=False)
+
+
+@pytest.mark.e2e
+def test_async_local_sgd_resumed_between_momentum_moves_ends_as_one_never_stopped(tmp_path):
+  """Stopped after step 22 with pushes buffered since Delayed Nesterov's momentum
+  last moved, and a 3x slower worker pushing after every local step (DyLU)."""
+  overrides = {
+    "outer.moving_rate": 0.0,
+    "outer.momentum_period": 3,
+    "outer.momentum_activation": 0.2,
+    "outer.dynamic_local_steps": True,
+    "cluster.stragglers": (1,),
+    "cluster.straggler_slowdown": 3.0,
+  }
+  straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+  trainer.train_and_evaluate(small_config(overrides, algorithm="async_local_sgd"), str(straight))
+  early = small_config({**overrides, "run.total_steps": 22}, algorithm="async_local_sgd")
+  trainer.train_and_evaluate(early, str(stopped))
+  assert steps_saved(stopped)[-1] == 22
+  trainer.train_and_evaluate(small_config(overrides, algorithm="async_local_sgd"), str(stopped))
+  a = read_state(straight / "checkpoints" / "40" / "state")
+  b = read_state(stopped / "checkpoints" / "40" / "state")
+  assert len(a) == len(b) > 10
+  for x, y in zip(a, b, strict=True):
+    assert x.dtype == y.dtype and x.tobytes() == y.tobytes()

@@ -1,11 +1,15 @@
-"""The studies' scripts: what they may delete."""
+"""The studies' scripts: what they may delete, and the settings they describe."""
 
 import importlib.util
 import pathlib
 
+import numpy as np
 import pytest
 
 import runs
+from easgd.config import validation
+from easgd.rules import Hyper, make_rule
+from easgd.sim import timing
 
 REPO = pathlib.Path(runs.REPO)
 
@@ -60,3 +64,23 @@ def test_the_faults_study_refuses_to_overwrite_a_table_it_did_not_write(
   assert exit_info.value.code == 2
   assert "was not written by this tool" in capsys.readouterr().err
   assert out.read_text() == "a user's table\n" and not (tmp_path / "runs").exists()
+
+
+heterogeneous = _load("heterogeneous")
+
+
+def test_the_heterogeneous_cluster_is_what_its_study_says():
+  config = heterogeneous.config_for("async_local_sgd-DN-DyLU", 600, 0, {})
+  cluster = timing.Cluster.from_config(config.cluster)
+  slowdown = cluster.mean_step_times(8) / cluster.compute_time
+  # Worker 6 twice and worker 7 four times as slow as worker 0, the others between.
+  np.testing.assert_allclose(slowdown[[0, 6, 7]], [1.0, 2.0, 4.0])
+  assert all(1 < s < 2 for s in slowdown[1:6])
+  # DyLU sizes each worker's local steps to its speed: H = 4 for the fastest, 1 for the slowest.
+  rule = make_rule(config.algorithm, Hyper.from_config(config))
+  assert rule.periods(cluster) == (4, 3, 3, 2, 2, 2, 2, 1)
+
+
+@pytest.mark.parametrize("run", sorted(heterogeneous.RUNS))
+def test_each_heterogeneous_run_is_a_valid_config(run):
+  validation.validate(heterogeneous.config_for(run, 600, 0, {}))

@@ -141,6 +141,7 @@ class ThreadsTrainee(RuleReports):
       trace,
       sent_bytes,
       mean_times / mean_times.min() - 1.0,
+      rule.periods(cluster),
       self.cut,
     )
     self.started = False  # the threads start at the first step

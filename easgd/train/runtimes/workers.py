@@ -85,9 +85,11 @@ class Workers:
     trace: trace_lib.Writer,
     sent_bytes: float,
     delay_factor: np.ndarray,
+    periods: tuple[int, ...],
     cut: int,
   ):
-    """programs: (local step per device, master operation) as compiled."""
+    """programs: (local step per device, master operation) as compiled; periods: each
+    worker's local steps between two of its requests (`rule.periods`)."""
     self.rule, self.clock, self.trace = rule, clock, trace
     self.num_workers = len(rows.workers)
     self.devices, self.center_device = devices, devices[0]
@@ -96,7 +98,7 @@ class Workers:
     self.images, self.labels, self.steps = rows.images, rows.labels, rows.steps
     self.center, self.center_opt, self.rng_on = rows.center, rows.center_opt, rows.rng_on
     self.local, self.master_op = programs
-    self.sent_bytes, self.delay_factor = sent_bytes, delay_factor
+    self.sent_bytes, self.delay_factor, self.periods = sent_bytes, delay_factor, periods
     self.cond = threading.Condition()
     self.master = threading.Lock()  # held while an operation runs
     self.limit = cut - 1  # the last tick events may be committed to
@@ -189,9 +191,9 @@ class Workers:
       while True:
         step = self.steps[j]
         if self.rule.elastic:
-          self._elastic_step(j, exchange=(step + 1) % self.rule.period == 0)
+          self._elastic_step(j, exchange=(step + 1) % self.periods[j] == 0)
         else:
-          self._sgd_step(j, push=(step + 1) % self.rule.period == 0)
+          self._sgd_step(j, push=(step + 1) % self.periods[j] == 0)
     except _Stop:
       return
     except BaseException as error:  # noqa: BLE001 (any failure stops the run, named)

@@ -62,6 +62,7 @@ def _assert_same_bits(a_dir, b_dir, step):
     ("hogwild_easgd", 2, True),  # no lock
     ("hogwild_sgd", 4, True),
     ("async_measgd", 2, True),  # EAMSGD: the step starts from the look-ahead point
+    ("async_local_sgd", 2, True),  # Delayed Nesterov, and DyLU's H of each worker's own
   ],
 )
 def test_a_recorded_run_replays_to_the_same_bits(tmp_path, algorithm, workers, straggler):
@@ -70,6 +71,14 @@ def test_a_recorded_run_replays_to_the_same_bits(tmp_path, algorithm, workers, s
     overrides |= {"model": "lenet5", "outer.moving_rate": 0.0}  # the default's
   if algorithm == "async_measgd":
     overrides |= {"optimizer.momentum": 0.9, "optimizer.nesterov": True}
+  if algorithm == "async_local_sgd":
+    # The straggler, 3 times slower, pushes after every step, worker 0 after 4.
+    overrides |= {
+      "outer.comm_period": 4,
+      "outer.momentum_period": 2,
+      "outer.momentum_activation": 0.25,
+      "outer.dynamic_local_steps": True,
+    }
   config = _config(algorithm, workers, **overrides)
   real, replay = _record_and_replay(tmp_path, config)
   for step in (12, 24):  # every checkpoint is a cut of the same tick
@@ -82,6 +91,9 @@ def test_a_recorded_run_replays_to_the_same_bits(tmp_path, algorithm, workers, s
   if straggler:
     # Three times slower for real: it takes fewer steps in the same ticks.
     assert worker_steps[1] < worker_steps.max()
+  if algorithm == "async_local_sgd":
+    pushes = np.bincount([e.worker for e in recorded.events if e.op != "local"], minlength=2)
+    np.testing.assert_array_equal(pushes, [local_steps[0] // 4, local_steps[1]])
 
 
 @pytest.mark.e2e
