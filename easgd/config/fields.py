@@ -392,7 +392,7 @@ FIELDS_DECLARED = (
     "outer.comm_period",
     4,
     integer(1),
-    "tau: local steps between exchanges with the center",
+    "tau: local steps between exchanges with the center (async_local_sgd's H)",
     Shapes.IF_READ,
     formerly=("comm_period",),
   ),
@@ -426,7 +426,13 @@ FIELDS_DECLARED = (
     "eta_o; lookahead's slow-weight rate alpha",
     Shapes.IF_READ,
   ),
-  Field("outer.momentum", 0.9, number(0, 1), "mu_o, the outer sgd's momentum", Shapes.IF_READ),
+  Field(
+    "outer.momentum",
+    0.9,
+    number(0, 1),
+    "mu_o, the outer sgd's momentum (async_local_sgd's: Delayed Nesterov's)",
+    Shapes.IF_READ,
+  ),
   Field(
     "outer.nesterov", True, FLAG, "the outer sgd's momentum in Nesterov's form", Shapes.IF_READ
   ),

@@ -74,7 +74,8 @@ class TrainState:
     workers: the workers' parameters x_i, stacked on a leading axis of size P
       (sharded over the mesh); () for sync_sgd, whose workers share x.
     worker_opt: the workers' other state (their inner optimizer's state under
-      "inner", accumulated gradients, increments in flight), stacked like
+      "inner", accumulated gradients, increments in flight, the centers they
+      fetched last), stacked like
       `workers`; () when the rule keeps none.
     worker_steps: local steps each worker has taken, int32 [P]; it picks the
       worker's next batch.

@@ -174,7 +174,9 @@ def _check_async_local(rule: type[Rule], outer: ml_collections.ConfigDict) -> No
     if f"outer.{name}" in rule.reads:
       continue
     takes = ", ".join(n for n, r in RULES.items() if f"outer.{name}" in r.reads)
-    lockstep = "" if rule.parameter_server() else ": its workers step in lockstep"
+    lockstep = ""
+    if name == "dynamic_local_steps" and not rule.parameter_server():
+      lockstep = ": its workers step in lockstep"
     require(
       outer[name] == off,
       f"outer.{name}",
@@ -183,6 +185,12 @@ def _check_async_local(rule: type[Rule], outer: ml_collections.ConfigDict) -> No
       f"rules that read it: {takes}",
     )
   if "outer.momentum_period" in rule.reads:
+    require(
+      outer.nesterov,
+      "outer.nesterov",
+      outer.nesterov,
+      f"{rule.name}'s master is Delayed Nesterov, in Nesterov's form (leave it True)",
+    )
     period = outer.momentum_period
     require(
       outer.momentum_activation <= 1 / period,

@@ -190,9 +190,10 @@ def delayed_nesterov(
       otherwise:     B <- B + g_t
                      u = -eta_o*(c*beta*m + g_t/N)
   Over N pseudo-gradients the momentum is applied once in all ((N - 1)*c + 1 -
-  c*N + c = 1), as one Nesterov step on their mean would apply it. With N = 1
-  (c is then 0) it is optax's Nesterov SGD, m <- g + beta*m, u = -eta_o*(g + beta*m),
-  in the same floating-point operations.
+  c*N + c = 1); with c = 0 the N updates add up to one Nesterov step on their
+  mean. With N = 1 every push moves the momentum and c has no effect: it is
+  optax's Nesterov SGD, m <- g + beta*m, u = -eta_o*(g + beta*m), in the same
+  floating-point operations.
   """
 
   beta = momentum

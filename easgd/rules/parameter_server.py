@@ -450,8 +450,8 @@ class AsyncLocalSGD(ParameterServerRule):
   N = outer.momentum_period, c = outer.momentum_activation); N = 1 is the
   asynchronous Nesterov baseline. Dynamic local updates (DyLU,
   outer.dynamic_local_steps) give worker w H_w = max(1, floor(H * v_w / max_k v_k))
-  local steps between pushes, v_w = 1/c_w its speed in the timing model
-  (`periods`). With one worker and N = 1 the run is diloco's (to float rounding).
+  local steps between pushes, v_w = 1/T_w its speed in the timing model, T_w its
+  mean step time (`periods`). With one worker and N = 1 the run is diloco's (to float rounding).
   BatchNorm statistics: their change since the anchor is added to the center's as
   it is (averaged), or never sent (local).
   """
@@ -463,8 +463,8 @@ class AsyncLocalSGD(ParameterServerRule):
   nesterov = True
   # N = 8, the default config's workers: N pushes then carry about one of each
   # worker, as one synchronous outer step does. At N = 1 the default config's
-  # eta_o = 0.7 diverged (center accuracy 0.1 after 100 steps); at N = 8 it
-  # ended at 0.975 (python bench/rule_defaults.py).
+  # eta_o = 0.7 diverged (center accuracy 0.1 at step 100 of a run of 100); at
+  # N = 8 it ended at 0.975 (python bench/rule_defaults.py; bench/README.md).
   defaults = types.MappingProxyType({"outer.momentum_period": 8})
   reads = (
     *BASE_READS,
@@ -480,7 +480,7 @@ class AsyncLocalSGD(ParameterServerRule):
     return self.hyper.comm_period
 
   def periods(self, cluster):
-    """H for every worker, or DyLU's H_w = max(1, floor(H * c_min / c_w))."""
+    """H for every worker, or DyLU's H_w = max(1, floor(H * T_min / T_w))."""
     if not self.hyper.dynamic_local_steps:
       return super().periods(cluster)
     times = cluster.mean_step_times(self.hyper.num_workers)

@@ -11,6 +11,7 @@ order. Slow workers therefore sit out ticks and take fewer steps.
 import abc
 import enum
 import heapq
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -214,8 +215,8 @@ class StreamingClock(SyncClock):
 class AsyncClock(Clock):
   """A parameter server and its workers, simulated event by event.
 
-  A worker's life is a loop of steps. Every `period`-th step (of that worker's
-  period) includes a request to the master: one message there (the worker's parameters, or its
+  A worker's life is a loop of steps. Every `period`-th step (its own period)
+  includes a request to the master: one message there (the worker's parameters, or its
   accumulated gradient), the master's service, one message back.
     * exchange_first=True (the EASGD family): the request is sent at the
       start of the step, and the step's gradient is computed after the
@@ -249,7 +250,12 @@ class AsyncClock(Clock):
     """period: local steps between two requests of a worker, the same for every
     worker or each worker's own (async_local_sgd's dynamic local steps)."""
     super().__init__(cluster, num_workers, model_bytes, seed, sent_bytes)
-    self.periods = [period] * num_workers if isinstance(period, int) else list(period)
+    if isinstance(period, Sequence):
+      if len(period) != num_workers:
+        raise ValueError(f"{len(period)} periods for {num_workers} workers")
+      self.periods = [operator.index(p) for p in period]
+    else:
+      self.periods = [operator.index(period)] * num_workers
     self.policy = policy
     self.exchange_first = exchange_first
     self.message = cluster.message_time(model_bytes)

@@ -314,8 +314,8 @@ def test_the_streaming_fields_are_refused_where_they_cannot_apply(overrides, mes
     ),
     (
       {"algorithm": "diloco", "outer.momentum_period": 8},
-      "config.outer.momentum_period=8 is invalid: diloco has no Delayed Nesterov master: "
-      "its workers step in lockstep (leave it 1)",
+      "config.outer.momentum_period=8 is invalid: diloco has no Delayed Nesterov master "
+      "(leave it 1); rules that read it: async_local_sgd",
     ),
     (
       {"algorithm": "async_easgd", "outer.dynamic_local_steps": True},
@@ -334,6 +334,10 @@ def test_the_streaming_fields_are_refused_where_they_cannot_apply(overrides, mes
       },
       "config.outer.momentum_activation=0.5 is invalid: must be in [0, 1/outer.momentum_period] "
       "= [0, 0.25]",
+    ),
+    (
+      {"algorithm": "async_local_sgd", "outer.nesterov": False},
+      "config.outer.nesterov=False is invalid: async_local_sgd's master is Delayed Nesterov",
     ),
     (
       {"algorithm": "async_local_sgd", "outer.momentum_period": 0},

@@ -301,3 +301,40 @@ def test_reset_rules_average_the_statistics_and_reset_every_worker_to_them(name)
       np.testing.assert_allclose(center_stats[key], expected, rtol=2e-5, atol=2e-6)
       for i in range(workers):
         np.testing.assert_array_equal(flat(row(state.workers, i))[1][key], center_stats[key])
+
+
+def test_async_local_sgd_adds_each_pushed_change_of_the_statistics():
+  """Averaged: a push adds s_j - a_j to s~ as it is, and the fetch sets s_j and the
+  anchor a_j to the new s~ (the statistics move with the batches alone, so they are
+  followed here in NumPy, tick by tick, through the same pushes)."""
+  workers, ticks = 4, 12
+  hyper = rules.Hyper(workers, ETA, comm_period=2, momentum_period=3, momentum_activation=0.1)
+  rule, state, step = start("async_local_sgd", hyper, num_devices=2)
+  clock = rule.make_clock(UNEQUAL, model_bytes=1000, seed=0)
+  batches = make_batches(workers, ticks)
+  params = flat(initial_tree())[0]
+  center = flat(initial_tree())[1]
+  own = [dict(center) for _ in range(workers)]
+  anchors = [dict(center) for _ in range(workers)]
+  taken, pushes = np.zeros(workers, int), 0
+  for _ in range(ticks):
+    tick = clock.next_tick()
+    state, _ = step(
+      state, as_device_batch([batches[taken[i]][i] for i in range(workers)]), rule.tick_inputs(tick)
+    )
+    for i in np.flatnonzero(tick.local):
+      own[i] = forward(params, own[i], batches[taken[i]][i])[1]
+    taken += tick.local
+    for _, j in tick.ops:  # the master's pushes, in the order it served them
+      center = {k: center[k] + own[j][k] - anchors[j][k] for k in center}
+      own[j], anchors[j] = dict(center), dict(center)
+      pushes += 1
+    now = jax.device_get(state)
+    np.testing.assert_allclose(flat(now.center)[1]["mean"], center["mean"], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(flat(now.center)[1]["var"], center["var"], rtol=2e-5, atol=2e-5)
+    for i in range(workers):
+      for key, value in flat(row(now.workers, i))[1].items():
+        np.testing.assert_allclose(value, own[i][key], rtol=2e-5, atol=2e-5)
+      for key, value in flat(row(now.worker_opt["anchor"], i))[1].items():
+        np.testing.assert_allclose(value, anchors[i][key], rtol=2e-5, atol=2e-5)
+  assert pushes >= 6

@@ -63,3 +63,20 @@ def test_without_momentum_each_push_is_sgd_at_eta_over_n():
   for g, u in zip(grads, updates, strict=True):
     for k in SHAPES:
       np.testing.assert_allclose(u[k], -0.2 * g[k], rtol=1e-6)
+
+
+def test_without_activation_n_pushes_are_one_nesterov_step_on_their_mean():
+  """c = 0: each push alone at eta_o/N, and the momentum's step at the N-th; their
+  sum is optax's Nesterov SGD on the N pushes' mean, from the same momentum."""
+  period = 4
+  grads = pushes(3 * period)
+  delayed = steps_of(optimizers.delayed_nesterov(0.7, 0.9, period, 0.0), grads)
+  means = [
+    {k: np.mean([g[k] for g in grads[n : n + period]], axis=0) for k in SHAPES}
+    for n in range(0, len(grads), period)
+  ]
+  nesterov = steps_of(optax.sgd(0.7, momentum=0.9, nesterov=True), means)
+  for n, expected in enumerate(nesterov):
+    for k in SHAPES:
+      total = sum(u[k] for u in delayed[n * period : (n + 1) * period])
+      np.testing.assert_allclose(total, expected[k], rtol=1e-5, atol=1e-6)

@@ -106,6 +106,24 @@ def test_a_restored_clock_continues_exactly(policy, exchange_first, period):
   assert straight.state_dict() == restored.state_dict()
 
 
+@pytest.mark.parametrize("exchange_first", [True, False])
+def test_each_worker_requests_after_its_own_period(exchange_first):
+  clock = async_clock(clocks.Policy.FCFS, exchange_first, (1, 2, 3, 4))
+  for _ in range(120):
+    clock.next_tick()
+  # A request falls in the tick of the step it belongs to, so at most the last one is
+  # still to come.
+  for worker, period in enumerate((1, 2, 3, 4)):
+    assert clock.worker_steps[worker] // period - clock.requests[worker] in (0, 1)
+  assert clock.requests.min() >= 5
+
+
+@pytest.mark.parametrize("period", [(1, 2, 3), (2, 2.0, 2, 2)])
+def test_periods_are_one_integer_for_each_worker(period):
+  with pytest.raises((ValueError, TypeError)):
+    async_clock(clocks.Policy.FCFS, False, period)
+
+
 def test_a_straggler_takes_fewer_steps_and_everyone_else_keeps_going():
   clock = async_clock(clocks.Policy.FCFS, True, 4, timing=TIMING)
   for _ in range(300):
