@@ -23,7 +23,7 @@ import sys
 
 import asynchrony  # the sibling study's run and curve helpers
 import matplotlib.pyplot as plt
-import outer
+import outer  # its readings of a run's curves
 from absl import logging as absl_logging
 
 from easgd import arguments
@@ -41,26 +41,30 @@ CLUSTER = {
   "cluster.stragglers": (7,),
   "cluster.straggler_slowdown": 24 / 13,
 }
-# async_local_sgd's recipe is DiLoCo's (AdamW inside, outer Nesterov SGD at 0.7 and
-# 0.9), as the paper's is. With Nesterov at every push (N = 1) each push moves the
-# center by eta_o times its pseudo-gradient: eta_o = 0.7/8 makes that step the one
-# Delayed Nesterov takes for a push (eta_o/N with N = 8), where 0.7 diverges.
+# Every run's workers take the default config's SGD at 0.1 (async_measgd its own
+# momentum SGD), so that the runs differ in how they communicate; diloco and
+# async_local_sgd's master take DiLoCo's outer Nesterov SGD at 0.7 and 0.9. (With
+# DiLoCo's AdamW at 1e-3 inside, async_local_sgd's outer momentum diverged here, with
+# Delayed Nesterov or without: docs/outer.md, "Heterogeneous workers".) With
+# Nesterov at every push (N = 1) each push moves the center by eta_o times its
+# pseudo-gradient: eta_o = 0.7/8 makes that the step Delayed Nesterov takes for a
+# push (eta_o/N with N = 8), where 0.7 diverges.
 NESTEROV_EVERY_PUSH = {"outer.momentum_period": 1, "outer.learning_rate": 0.7 / 8}
 DELAYED = {"outer.momentum_period": 8}
 DYLU = {"outer.dynamic_local_steps": True}
 RUNS = {
   "sync_easgd": ("sync_easgd", {}),
-  "diloco": ("diloco", outer.DILOCO),
+  "diloco": ("diloco", {}),
   "async_easgd": ("async_easgd", {}),
   # EAMSGD's look-ahead momentum at its rule's defaults (mu 0.9, eta 0.01).
   "async_measgd": (
     "async_measgd",
     {"optimizer.momentum": 0.9, "optimizer.nesterov": True, "optimizer.learning_rate": 0.01},
   ),
-  "async_local_sgd": ("async_local_sgd", {**outer.DILOCO, **NESTEROV_EVERY_PUSH}),
-  "async_local_sgd-DN": ("async_local_sgd", {**outer.DILOCO, **DELAYED}),
-  "async_local_sgd-DyLU": ("async_local_sgd", {**outer.DILOCO, **NESTEROV_EVERY_PUSH, **DYLU}),
-  "async_local_sgd-DN-DyLU": ("async_local_sgd", {**outer.DILOCO, **DELAYED, **DYLU}),
+  "async_local_sgd": ("async_local_sgd", NESTEROV_EVERY_PUSH),
+  "async_local_sgd-DN": ("async_local_sgd", DELAYED),
+  "async_local_sgd-DyLU": ("async_local_sgd", {**NESTEROV_EVERY_PUSH, **DYLU}),
+  "async_local_sgd-DN-DyLU": ("async_local_sgd", {**DELAYED, **DYLU}),
 }
 
 
