@@ -216,8 +216,9 @@ class AsyncClock(Clock):
   """A parameter server and its workers, simulated event by event.
 
   A worker's life is a loop of steps. Every `period`-th step (its own period)
-  includes a request to the master: one message there (the worker's parameters, or its
-  accumulated gradient), the master's service, one message back.
+  includes a request to the master: one message there (the worker's
+  parameters, or its accumulated gradient), the master's service, one
+  message back.
     * exchange_first=True (the EASGD family): the request is sent at the
       start of the step, and the step's gradient is computed after the
       reply, at the parameters the worker had sent (the paper's Algorithm 1:
