@@ -67,6 +67,25 @@ def steps_saved(workdir) -> list[int]:
   return sorted(int(name) for name in os.listdir(path) if name.isdigit())
 
 
+def assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, algorithm, overrides, stop):
+  """SMALL_RUN of `algorithm` with `overrides` trained straight to its end, and trained to
+  step `stop` then resumed to its end: the same bytes in every leaf at the end."""
+  from easgd.train import trainer  # noqa: PLC0415 (after conftest has set the devices)
+
+  straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+  trainer.train_and_evaluate(small_config(overrides, algorithm=algorithm), str(straight))
+  early = small_config({**overrides, "run.total_steps": stop}, algorithm=algorithm)
+  trainer.train_and_evaluate(early, str(stopped))
+  assert steps_saved(stopped)[-1] == stop
+  trainer.train_and_evaluate(small_config(overrides, algorithm=algorithm), str(stopped))
+  end = SMALL_RUN["run.total_steps"]
+  a = read_state(straight / "checkpoints" / str(end) / "state")
+  b = read_state(stopped / "checkpoints" / str(end) / "state")
+  assert len(a) == len(b) > 10
+  for x, y in zip(a, b, strict=True):
+    assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
 class Process:
   """A command run from the repository, its stdout and stderr collected as it runs."""
 

@@ -45,17 +45,14 @@ def check(config: ml_collections.ConfigDict) -> None:
     config.outer.exchange_dtype,
     "valid for pipeline: float32 (its models move whole; nothing is exchanged)",
   )
-  for field, off in STREAMING_OFF.items():
-    require(
-      config.outer[field] == off,
-      f"outer.{field}",
-      config.outer[field],
-      f"the pipeline exchanges nothing to stream (leave it {off!r})",
-    )
-  for field, off in ASYNC_LOCAL_OFF.items():
-    require(
-      config.outer[field] == off,
-      f"outer.{field}",
-      config.outer[field],
-      f"the pipeline has no master and no local steps between pushes (leave it {off!r})",
-    )
+  # The exchange fields of the rules, each with why the pipeline has no use for it.
+  unused = [(STREAMING_OFF, "exchanges nothing to stream")]
+  unused.append((ASYNC_LOCAL_OFF, "has no master and no local steps between pushes"))
+  for fields, why in unused:
+    for field, off in fields.items():
+      require(
+        config.outer[field] == off,
+        f"outer.{field}",
+        config.outer[field],
+        f"the pipeline {why} (leave it {off!r})",
+      )

@@ -17,9 +17,8 @@ from easgd import rules, steps
 from easgd.infra import sharding
 from easgd.sim import timing
 from easgd.sim.ticks import OpKind
-from easgd.train import trainer
 from least_squares import DIM, OUT, loss_fn, numpy_grad
-from runs import read_state, small_config, steps_saved
+from runs import assert_stopped_and_resumed_ends_as_never_stopped
 
 ETA, ALPHA, MU = 0.05, 0.2, 0.9
 WORKERS, BATCH = 4, 4
@@ -395,14 +394,4 @@ def test_async_local_sgd_resumed_between_momentum_moves_ends_as_one_never_stoppe
     "cluster.stragglers": (1,),
     "cluster.straggler_slowdown": 3.0,
   }
-  straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-  trainer.train_and_evaluate(small_config(overrides, algorithm="async_local_sgd"), str(straight))
-  early = small_config({**overrides, "run.total_steps": 22}, algorithm="async_local_sgd")
-  trainer.train_and_evaluate(early, str(stopped))
-  assert steps_saved(stopped)[-1] == 22
-  trainer.train_and_evaluate(small_config(overrides, algorithm="async_local_sgd"), str(stopped))
-  a = read_state(straight / "checkpoints" / "40" / "state")
-  b = read_state(stopped / "checkpoints" / "40" / "state")
-  assert len(a) == len(b) > 10
-  for x, y in zip(a, b, strict=True):
-    assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+  assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "async_local_sgd", overrides, 22)

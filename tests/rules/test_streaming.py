@@ -11,9 +11,8 @@ import numpy_optim
 from easgd import rules
 from easgd.rules import fragments
 from easgd.sim import clocks, timing
-from easgd.train import trainer
 from least_squares import numpy_grad
-from runs import read_state, small_config, steps_saved
+from runs import assert_stopped_and_resumed_ends_as_never_stopped
 
 TAU, STEPS = 4, 13
 OUTER = dict(outer_learning_rate=0.7, outer_momentum=0.9, outer_nesterov=True)
@@ -169,14 +168,4 @@ def test_a_run_resumed_with_a_fragment_in_flight_ends_as_one_never_stopped(tmp_p
     "outer.sync_delay": 1,
     "outer.merge": 0.5,
   }
-  straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-  trainer.train_and_evaluate(small_config(overrides, algorithm="streaming_diloco"), str(straight))
-  early = small_config({**overrides, "run.total_steps": 22}, algorithm="streaming_diloco")
-  trainer.train_and_evaluate(early, str(stopped))
-  assert steps_saved(stopped)[-1] == 22
-  trainer.train_and_evaluate(small_config(overrides, algorithm="streaming_diloco"), str(stopped))
-  a = read_state(straight / "checkpoints" / "40" / "state")
-  b = read_state(stopped / "checkpoints" / "40" / "state")
-  assert len(a) == len(b) > 10
-  for x, y in zip(a, b, strict=True):
-    assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+  assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "streaming_diloco", overrides, 22)
