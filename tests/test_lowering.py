@@ -34,7 +34,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tiers
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -370,19 +369,20 @@ PROGRAMS = [
 ]
 
 
-# The quick tier's share (-m "not e2e"): LeNet-5's programs, those of a rule for
-# the quick tier's rules only (tests/tiers.py), and ResNet-20's synchronous step
-# (the BatchNorm paths). The rest, a second or several each, run with the whole suite.
+# The quick tier's share (-m "not e2e"): LeNet-5's float32 programs, for one
+# synchronous and one parameter-server rule, less batch_step and pipeline_init, which
+# run train_step's and pipeline_step's network (every rule's and network's programs,
+# a second or several each, run with the whole suite).
 def _quick(program: Program) -> bool:
-  if program == Program("train_step", "resnet20", "float32", SYNC):
-    return True
-  if program.model != "lenet5":
-    return False
-  return not program.rule or program.rule in tiers.QUICK_RULES
+  lenet5 = (program.model, program.dtype) == ("lenet5", "float32")
+  repeated = program.kind in ("batch_step", "pipeline_init")
+  return lenet5 and program.rule in ("", SYNC, ASYNC) and not repeated
 
 
-def _marked(program: Program):
-  return pytest.param(program, id=str(program), marks=[] if _quick(program) else [pytest.mark.e2e])
+def _marked(program: Program, *values):
+  """`program` (and the test's other `values`) as a case, e2e unless `_quick`."""
+  marks = [] if _quick(program) else [pytest.mark.e2e]
+  return pytest.param(program, *values, id=str(program), marks=marks)
 
 
 @pytest.mark.parametrize("program", [_marked(program) for program in PROGRAMS])
@@ -417,7 +417,8 @@ CPU_CONTROLS = [
 
 
 @pytest.mark.parametrize(
-  "program,expected", CPU_CONTROLS, ids=[str(program) for program, _ in CPU_CONTROLS]
+  "program,expected",
+  [_marked(program, expected) for program, expected in CPU_CONTROLS],
 )
 def test_lowered_for_the_cpu_a_program_takes_the_cpu_only_paths(program, expected):
   text = _lowered(program, ("cpu",))

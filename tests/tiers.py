@@ -1,11 +1,13 @@
-"""The quick tier's share of a test run for every rule.
+"""The quick tier's share of the tests that run for every rule or on several layouts.
 
 `pytest -m "not e2e"` is the loop a developer runs after each change, and it
 must take under two minutes on two cores. A test parametrized over every rule
 of the registry runs there for a few rules only: one rule of each family,
 and one of each discipline by which a master serves its workers. Its other
 cases (the momentum rules, Downpour, the rules that differ from a quick one
-by a setting) are marked e2e and run with the whole suite.
+by a setting) are marked e2e and run with the whole suite. A test run on
+several device counts runs there on the first; the others, which show that
+the layout leaves the result alone, run with the whole suite.
 """
 
 import pytest
@@ -32,3 +34,21 @@ def cases(values) -> list:
     )
     for value in values
   ]
+
+
+def first_quick(values) -> list:
+  """`values` (one a case; a tuple for several arguments) as pytest parameters: the
+  first in the quick tier, the others with the whole suite (e2e)."""
+  return [
+    pytest.param(
+      *(value if isinstance(value, tuple) else (value,)), marks=[pytest.mark.e2e] if i else []
+    )
+    for i, value in enumerate(values)
+  ]
+
+
+def devices(*counts: int) -> list:
+  """Device counts for a test run on several layouts: the first (the most devices, the
+  one every collective crosses) in the quick tier, the others, which check that the
+  layout leaves the result alone, with the whole suite."""
+  return first_quick(counts)

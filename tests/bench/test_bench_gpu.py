@@ -31,6 +31,7 @@ def _bench(*args):
     (("--steps", "0"), "0 is invalid: must be an integer >= 1"),
   ],
 )
+@pytest.mark.e2e  # bench/gpu.py processes
 def test_without_a_gpu_or_with_bad_arguments_it_refuses_in_one_line(args, message):
   run = _bench(*args)
   assert run.returncode == 2

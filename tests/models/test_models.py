@@ -16,8 +16,15 @@ from easgd.rules import AXIS, model_state
 from easgd.sim import timing
 from easgd.train import trainer
 
+# The small networks in the quick tier; the large ones, which take up to seconds
+# each to trace, with the whole suite.
+NETWORKS = [
+  pytest.param(name, marks=[] if name in ("mlp", "lenet5") else [pytest.mark.e2e])
+  for name in sorted(models.MODELS)
+]
 
-@pytest.mark.parametrize("name", sorted(models.MODELS))
+
+@pytest.mark.parametrize("name", NETWORKS)
 @pytest.mark.parametrize("image_shape", [(28, 28, 1), (8, 8, 1), (32, 32, 3), (64, 64, 3)])
 def test_models_give_logits_for_every_dataset_shape(name, image_shape):
   model = models.get_model(name, 10)
@@ -84,7 +91,7 @@ def _products(jaxpr):
   return found
 
 
-@pytest.mark.parametrize("name", sorted(models.MODELS))
+@pytest.mark.parametrize("name", NETWORKS)
 def test_bfloat16_computes_the_products_in_bfloat16_and_keeps_float32_state(name):
   """Parameters and statistics float32; every convolution and matrix product in
   bfloat16; the loss and the gradients float32 (traced only)."""

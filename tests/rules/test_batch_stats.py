@@ -171,7 +171,7 @@ def test_every_rule_keeps_or_averages_statistics(name, average_stats):
   keeps_or_averages_statistics(name, average_stats)
 
 
-@pytest.mark.parametrize("average_stats", [False, True])
+@pytest.mark.parametrize("average_stats", tiers.first_quick([False, True]))
 @pytest.mark.parametrize("name", ["sync_measgd", "async_measgd"])
 def test_eamsgds_look_ahead_moves_the_parameters_alone(name, average_stats):
   keeps_or_averages_statistics(name, average_stats, nesterov=True)

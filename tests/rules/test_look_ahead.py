@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tiers
 from test_outer import assert_follows
 from test_parameter_server import EQUAL, hyper_for, make_data, run_ticks
 from test_rules import ALPHA, ETA, MU, make_problem, per_worker, run_rule
@@ -58,7 +59,7 @@ def test_sync_eamsgd_takes_the_gradient_and_the_l2_term_at_the_look_ahead_point(
   assert_follows(actual, expected)
 
 
-@pytest.mark.parametrize("num_devices", [4, 2, 1])
+@pytest.mark.parametrize("num_devices", tiers.devices(4, 2, 1))
 def test_the_first_step_of_sync_eamsgd_is_sync_easgds_bit_for_bit(num_devices):
   """At v = 0 the look-ahead point is x and v <- -eta*g: EASGD's step (an exchange step
   whose elastic force is still 0, as every x_i starts at the center)."""

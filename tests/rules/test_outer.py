@@ -6,6 +6,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+import tiers
 from test_rules import ALPHA, ETA, assert_close, make_problem, per_worker, run_rule
 
 import numpy_optim
@@ -46,7 +47,7 @@ def numpy_adamw():
   return numpy_optim.Optimizer("adamw", numpy_optim.constant(0.01), wd=0.1)
 
 
-@pytest.mark.parametrize("num_devices", [8, 2, 1])
+@pytest.mark.parametrize("num_devices", tiers.devices(8, 2, 1))
 def test_diloco_follows_its_equations(num_devices):
   """AdamW inside, outer SGD with Nesterov momentum (0.7, 0.9), workers reset."""
   x0, batches = make_problem(num_workers=8)
@@ -56,7 +57,7 @@ def test_diloco_follows_its_equations(num_devices):
   assert_follows(actual, run_reference(batches, x0, numpy_adamw(), "reset", outer))
 
 
-@pytest.mark.parametrize("num_devices", [8, 2, 1])
+@pytest.mark.parametrize("num_devices", tiers.devices(8, 2, 1))
 def test_local_sgd_follows_its_equations(num_devices):
   x0, batches = make_problem(num_workers=8)
   actual = run_rule("local_sgd", hyper(momentum=0.9), x0, batches, num_devices)
@@ -83,7 +84,7 @@ def test_an_adam_outer_optimizer_follows_its_equations():
   assert_follows(actual, run_reference(batches, x0, numpy_optim.sgd(ETA), "reset", outer))
 
 
-@pytest.mark.parametrize("num_devices", [8, 1])
+@pytest.mark.parametrize("num_devices", tiers.devices(8, 1))
 def test_sync_easgd_is_the_family_with_outer_sgd_at_p_alpha_and_the_elastic_pull(num_devices):
   x0, batches = make_problem(num_workers=8)
   family = hyper(pull="elastic", outer_learning_rate=8 * ALPHA, outer_momentum=0.0)
@@ -98,7 +99,7 @@ def test_sync_easgd_is_the_family_with_outer_sgd_at_p_alpha_and_the_elastic_pull
       np.testing.assert_allclose(a.center[key], b.center[key], rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("num_devices", [8, 2])
+@pytest.mark.parametrize("num_devices", tiers.devices(8, 2))
 def test_local_sgd_with_tau_1_is_sync_sgd(num_devices):
   x0, batches = make_problem(num_workers=8)
   local = run_rule("local_sgd", hyper(comm_period=1), x0, batches, num_devices)

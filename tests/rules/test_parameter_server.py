@@ -121,7 +121,7 @@ def worker_row(state, i):
   return {key: value[i] for key, value in state.workers.items()}
 
 
-@pytest.mark.parametrize("num_devices", [4, 2])
+@pytest.mark.parametrize("num_devices", tiers.devices(4, 2))
 @pytest.mark.parametrize("name", tiers.cases(sorted(REFERENCE)))
 def test_rule_follows_a_literal_parameter_server(name, num_devices):
   _, _, _, server, mu, nesterov = REFERENCE[name]
@@ -135,40 +135,43 @@ def test_rule_follows_a_literal_parameter_server(name, num_devices):
   follows_the_event_loop(name, hyper_for(name), inner, num_devices)
 
 
+# AdamW under a schedule in the quick tier; the other inner optimizers with the suite.
 @pytest.mark.parametrize(
   "name,settings,inner",
-  [
-    (
-      "async_easgd",
-      dict(optimizer="adamw", schedule="warmup_cosine", warmup_steps=4, weight_decay=0.1),
-      numpy_optim.Optimizer("adamw", numpy_optim.warmup_cosine(ETA, 4, 30), wd=0.1),
-    ),
-    (
-      "hogwild_easgd",
-      dict(momentum=MU, schedule="warmup_step", warmup_steps=2, boundaries=(0.2, 0.4)),
-      numpy_optim.Optimizer("sgd", numpy_optim.warmup_step(ETA, 2, 30, (0.2, 0.4), 0.1), mu=MU),
-    ),
-    (
-      "downpour",  # the master's learning rate is the pusher's, at its last local step
-      dict(momentum=0.0, schedule="warmup_cosine", warmup_steps=3),
-      numpy_optim.Optimizer("sgd", numpy_optim.warmup_cosine(ETA, 3, 30)),
-    ),
-    (
-      "async_measgd",  # SC17's classic form, with an L2 term
-      dict(nesterov=False, schedule="warmup_cosine", warmup_steps=3, weight_decay=0.1),
-      numpy_optim.Optimizer("sgd", numpy_optim.warmup_cosine(ETA, 3, 30), mu=MU, wd=0.1),
-    ),
-    (
-      "async_measgd",  # EAMSGD's look-ahead form: the L2 term's gradient at the look-ahead too
-      dict(schedule="warmup_step", warmup_steps=2, boundaries=(0.3,), weight_decay=0.1),
-      numpy_optim.LookAheadSGD(numpy_optim.warmup_step(ETA, 2, 30, (0.3,), 0.1), MU, wd=0.1),
-    ),
-    (
-      "async_msgd",
-      dict(schedule="warmup_step", warmup_steps=2, boundaries=(0.3,)),
-      numpy_optim.Optimizer("sgd", numpy_optim.warmup_step(ETA, 2, 30, (0.3,), 0.1)),
-    ),
-  ],
+  tiers.first_quick(
+    [
+      (
+        "async_easgd",
+        dict(optimizer="adamw", schedule="warmup_cosine", warmup_steps=4, weight_decay=0.1),
+        numpy_optim.Optimizer("adamw", numpy_optim.warmup_cosine(ETA, 4, 30), wd=0.1),
+      ),
+      (
+        "hogwild_easgd",
+        dict(momentum=MU, schedule="warmup_step", warmup_steps=2, boundaries=(0.2, 0.4)),
+        numpy_optim.Optimizer("sgd", numpy_optim.warmup_step(ETA, 2, 30, (0.2, 0.4), 0.1), mu=MU),
+      ),
+      (
+        "downpour",  # the master's learning rate is the pusher's, at its last local step
+        dict(momentum=0.0, schedule="warmup_cosine", warmup_steps=3),
+        numpy_optim.Optimizer("sgd", numpy_optim.warmup_cosine(ETA, 3, 30)),
+      ),
+      (
+        "async_measgd",  # SC17's classic form, with an L2 term
+        dict(nesterov=False, schedule="warmup_cosine", warmup_steps=3, weight_decay=0.1),
+        numpy_optim.Optimizer("sgd", numpy_optim.warmup_cosine(ETA, 3, 30), mu=MU, wd=0.1),
+      ),
+      (
+        "async_measgd",  # EAMSGD's look-ahead form: the L2 term's gradient at the look-ahead too
+        dict(schedule="warmup_step", warmup_steps=2, boundaries=(0.3,), weight_decay=0.1),
+        numpy_optim.LookAheadSGD(numpy_optim.warmup_step(ETA, 2, 30, (0.3,), 0.1), MU, wd=0.1),
+      ),
+      (
+        "async_msgd",
+        dict(schedule="warmup_step", warmup_steps=2, boundaries=(0.3,)),
+        numpy_optim.Optimizer("sgd", numpy_optim.warmup_step(ETA, 2, 30, (0.3,), 0.1)),
+      ),
+    ]
+  ),
 )
 def test_each_workers_inner_optimizer_and_schedule_follow_its_own_steps(name, settings, inner):
   """A slow worker's schedule lags a fast one's: each runs on its own local step count."""

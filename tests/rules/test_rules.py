@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tiers
 
 import numpy_reference
 from easgd import rules, steps
@@ -56,7 +57,7 @@ ELASTIC = [
 ]
 
 
-@pytest.mark.parametrize("num_devices", [8, 2, 1])
+@pytest.mark.parametrize("num_devices", tiers.devices(8, 2, 1))
 @pytest.mark.parametrize("tau", [1, 3])
 @pytest.mark.parametrize("name,mu,nesterov", ELASTIC)
 def test_elastic_rules_follow_their_equations(name, mu, nesterov, tau, num_devices):
@@ -85,7 +86,7 @@ def test_elastic_rules_follow_their_equations(name, mu, nesterov, tau, num_devic
     assert moved == (t % tau == 0), t
 
 
-@pytest.mark.parametrize("num_devices", [8, 2, 1])
+@pytest.mark.parametrize("num_devices", tiers.devices(8, 2, 1))
 @pytest.mark.parametrize("mu,nesterov", [(0.0, False), (MU, False), (MU, True)])
 def test_sync_sgd_follows_its_equations(mu, nesterov, num_devices):
   x0, batches = make_problem(num_workers=8)

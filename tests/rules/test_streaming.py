@@ -4,6 +4,7 @@ against plain NumPy step by step and the identities with their family's members.
 import jax
 import numpy as np
 import pytest
+import tiers
 from test_outer import assert_follows
 from test_rules import ALPHA, ETA, make_problem, per_worker, run_rule
 
@@ -52,7 +53,7 @@ def test_streaming_diloco_follows_its_equations(delay, merge, num_devices=2):
   assert_follows(actual, expected)
 
 
-@pytest.mark.parametrize("num_devices", [8, 1])
+@pytest.mark.parametrize("num_devices", tiers.devices(8, 1))
 @pytest.mark.parametrize("delay", EASGD_DELAYS)
 def test_streaming_easgd_follows_its_equations(delay, num_devices):
   x0, batches = make_problem(num_workers=8, steps_count=STEPS)
@@ -79,7 +80,7 @@ def positions(state):
   return jax.tree.leaves((state.center, state.workers))
 
 
-@pytest.mark.parametrize("num_devices", [8, 2, 1])
+@pytest.mark.parametrize("num_devices", tiers.devices(8, 2, 1))
 @pytest.mark.parametrize(
   "name,member,settings",
   [

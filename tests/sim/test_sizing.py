@@ -4,6 +4,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import tiers
 
 from easgd.sim import clocks, sizing, timing
 
@@ -83,7 +84,7 @@ def test_no_critical_workers_without_latency_or_lock():
   assert sizing.Timing(slow, MODEL_BYTES, 0.01, 4, sizing.LOCKED).critical_workers() == 1
 
 
-@pytest.mark.parametrize("workers", [12, 25, 40])
+@pytest.mark.parametrize("workers", tiers.first_quick([12, 25, 40]))
 def test_servers_needed_keep_up_and_one_fewer_do_not(workers):
   # Servers on 1 Gbit/s links: each request moves 2W through them.
   busy = dataclasses.replace(NETWORK, server_bandwidth=1.25e8)
