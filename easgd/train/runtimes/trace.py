@@ -1,7 +1,7 @@
 """The record of a threads run (WORKDIR/trace.jsonl) and its replay as ticks.
 
-One JSON object a line:
-  {"kind": "header", "version": 1, "algorithm", "workers", "config": {field: value}}
+One JSON object a line, each ending with its checksum, "sum" (below):
+  {"kind": "header", "version": 2, "algorithm", "workers", "config": {field: value}}
       the fields that shape the trajectory (easgd.config.schema), less the runtime
       and the timing model's (a replay keeps the recorded order instead);
   {"kind": "event", "worker": j, "step": k, "op", "local", "tick", "read", "wrote",
@@ -24,6 +24,16 @@ One JSON object a line:
       left out), "tick": the tick it falls in;
   {"kind": "end", "events": N, "ticks": T}: written when the run completes.
 
+The checksum chains each line to the one before it. A line's body is its
+JSON object without "sum", as json.dumps writes it; the line is the body with
+`, "sum": "<s>"` put before its closing brace, where s is the first 16 hex
+digits of sha256(the previous line's s + the body) (the header's previous s
+is ""). A reader strips exactly that suffix to get the body back (no JSON
+round trip). A line edited, dropped, inserted or moved is refused at the first
+line that no longer follows from the one before it. The sums catch damage and
+edits by hand, not a forger: anyone can compute them. Version 1 (an earlier
+version's trace) had no sums; it is refused.
+
 Replaying packs the events, in their order, into ticks with the simulated
 runtime's own packer (easgd.sim.events.TickPacker): the threads runtime
 packed them the same way as it ran, so a replay takes the same T ticks,
@@ -31,8 +41,12 @@ and every event's tick is checked against the recorded one.
 """
 
 import dataclasses
+import hashlib
+import itertools
 import json
 import os
+import re
+from collections.abc import Iterator
 
 import ml_collections
 
@@ -43,7 +57,7 @@ from easgd.sim.events import TickPacker
 from easgd.sim.ticks import OpKind, Tick
 
 FILE = "trace.jsonl"
-VERSION = 1
+VERSION = 2
 OPS = {"local": None, "exchange": OpKind.EXCHANGE, "read": OpKind.READ, "write": OpKind.WRITE}
 
 
@@ -84,8 +98,45 @@ class Event:
   compute: float = 0.0
   service: float = 0.0
 
-  def line(self) -> str:
-    return json.dumps({"kind": "event", **dataclasses.asdict(self)}) + "\n"
+  def record(self) -> dict:
+    return {"kind": "event", **dataclasses.asdict(self)}
+
+
+# The suffix a line's checksum takes (the module docstring), and its sum's length.
+SUM = re.compile(r', "sum": "([0-9a-f]{16})"\}\Z')
+SUM_DIGITS = 16
+
+
+def checksum(previous: str, body: str) -> str:
+  """The sum of a line whose body (its JSON without "sum") is `body`, after the
+  line whose sum is `previous` ("" before the header)."""
+  return hashlib.sha256((previous + body).encode()).hexdigest()[:SUM_DIGITS]
+
+
+class Chain:
+  """The running checksum of a trace's lines, from the header on."""
+
+  def __init__(self):
+    self.last = ""  # the last line's sum
+
+  def seal(self, record: dict) -> str:
+    """The line of `record` (with its newline) carrying its sum."""
+    body = json.dumps(record)
+    self.last = checksum(self.last, body)
+    return f'{body[:-1]}, "sum": "{self.last}"}}\n'
+
+  def follow(self, line: str) -> str | None:
+    """The body of `line` (with or without its newline), if its sum follows from
+    the line before; None, the chain left as it was, if not."""
+    text = line.removesuffix("\n")
+    match = SUM.search(text)
+    if match is None:
+      return None
+    body = text[: match.start()] + "}"
+    if checksum(self.last, body) != match.group(1):
+      return None
+    self.last = match.group(1)
+    return body
 
 
 class Writer:
@@ -93,23 +144,25 @@ class Writer:
 
   def __init__(self, workdir: str, config: ml_collections.ConfigDict, keep_events: int | None):
     """keep_events: None for a new run (a new trace), else the events of the
-    checkpoint being resumed: the trace is cut back to them."""
+    checkpoint being resumed: the trace is cut back to them, and its chain of
+    checksums continues from the last line kept."""
     self.path = os.path.join(workdir, FILE)
+    self._chain = Chain()
     if keep_events is None:
-      self._file = open(self.path, "w")  # noqa: SIM115 (open for the run's length)
-      self._file.write(json.dumps(header(config)) + "\n")
+      self._file = _open(self.path, "w")
+      self._file.write(self._chain.seal(header(config)))
     else:
       # Cut back under another name, then renamed: a kill meanwhile leaves the
       # trace whole for the next resume.
-      kept = _lines(self.path, 1 + keep_events)
-      with open(self.path + ".cut", "w") as cut:
+      kept = _kept_lines(self.path, 1 + keep_events, self._chain)
+      with _open(self.path + ".cut", "w") as cut:
         cut.writelines(kept)
       os.replace(self.path + ".cut", self.path)
-      self._file = open(self.path, "a")  # noqa: SIM115
+      self._file = _open(self.path, "a")
     self._file.flush()
 
   def add(self, event: Event) -> None:
-    self._file.write(event.line())
+    self._file.write(self._chain.seal(event.record()))
 
   def sync(self) -> None:
     self._file.flush()
@@ -117,27 +170,90 @@ class Writer:
 
   def end(self, events: int, ticks: int) -> None:
     """The end line: the run completed with `events` events in `ticks` ticks."""
-    self._file.write(json.dumps({"kind": "end", "events": events, "ticks": ticks}) + "\n")
+    self._file.write(self._chain.seal({"kind": "end", "events": events, "ticks": ticks}))
     self.sync()
 
   def close(self) -> None:
     self._file.close()
 
 
-def _lines(path: str, count: int) -> list[str]:
-  """The first `count` lines of the trace a checkpoint counted."""
+def _open(path: str, mode: str):
+  """The trace at `path`, open for writing: its lines end in "\n" alone, on any
+  platform, as the reader splits them."""
+  return open(path, mode, encoding="utf-8", newline="\n")
+
+
+def _file_lines(path: str, name: str, remedy: str) -> Iterator[str]:
+  """The lines of the file at `path`, each with its newline (the last may lack
+  it), decoded as UTF-8; ConfigError (one line, `name` the file's, then `remedy`)
+  for a path that is missing, a directory, unreadable or not UTF-8 text."""
+  if os.path.isdir(path):
+    raise ConfigError(f"{name} is a directory: {remedy}")
+  try:
+    file = open(path, "rb")  # noqa: SIM115 (closed below, at the last line or an error)
+  except FileNotFoundError:
+    raise ConfigError(f"{name} does not exist: {remedy}") from None
+  except OSError as error:
+    raise ConfigError(f"{name} cannot be read ({error.strerror}): {remedy}") from None
+  with file:
+    # Split on b"\n" alone: the writer ends its lines so, whatever the platform.
+    for number, raw in enumerate(file, 1):
+      try:
+        yield raw.decode("utf-8")
+      except UnicodeDecodeError:
+        raise ConfigError(f"{name} is not UTF-8 text at line {number}: {remedy}") from None
+
+
+def _header_fault(line: str) -> str | None:
+  """What is wrong with a trace's first line as a version-VERSION header, or None."""
+  try:
+    first = json.loads(line)
+  except json.JSONDecodeError:
+    first = None
+  if not isinstance(first, dict) or first.get("kind") != "header":
+    return f"does not begin with a version-{VERSION} trace header"
+  version = first.get("version")
+  if isinstance(version, int) and version < VERSION:
+    return (
+      f"was written by an earlier version of this program (a version-{version} trace, "
+      f"without the checksums of version {VERSION})"
+    )
+  if version != VERSION:
+    return f"is a version-{version!r} trace, not version {VERSION}"
+  return None
+
+
+def _damaged(number: int) -> str:
+  return (
+    f"is damaged at line {number}: it does not follow from the line before by its checksum "
+    "(the trace was edited, or lines were dropped, inserted or reordered)"
+  )
+
+
+def _kept_lines(path: str, count: int, chain: Chain) -> list[str]:
+  """The first `count` lines of the trace a checkpoint counted, their chain of
+  checksums checked (and `chain` brought to the last one's sum); ConfigError
+  (one line) for a trace that cannot be continued, before anything is written."""
+  remedy = "a runtime=threads workdir keeps its trace.jsonl; use another --workdir"
   if not os.path.exists(path):
     raise ConfigError(
       f"the checkpoint to resume counts {count - 1} traced events, but {path!r} is missing: "
-      "a runtime=threads workdir keeps its trace.jsonl; use another --workdir"
+      f"{remedy}"
     )
-  with open(path) as file:
-    lines = [line for _, line in zip(range(count), file, strict=False)]
+  lines = list(itertools.islice(_file_lines(path, repr(path), remedy), count))
+  fault = (
+    _header_fault(lines[0]) if lines else f"does not begin with a version-{VERSION} trace header"
+  )
+  if fault is not None:
+    raise ConfigError(f"{path!r} {fault}: a resume cannot continue it; use another --workdir")
   if len(lines) < count or not lines[-1].endswith("\n"):
     raise ConfigError(
       f"{path!r} holds fewer whole lines than the checkpoint to resume counts events "
       f"({count - 1}, after the header); use another --workdir"
     )
+  for number, line in enumerate(lines, 1):
+    if chain.follow(line) is None:
+      raise ConfigError(f"{path!r} {_damaged(number)}; use another --workdir")
   return lines
 
 
@@ -149,26 +265,39 @@ class Trace:
 
 
 def read(path: str) -> Trace:
-  """A complete trace; ConfigError (one line) for a missing, cut or malformed one."""
+  """A complete trace; ConfigError (one line) for a missing, unreadable, cut,
+  damaged or malformed one, naming the line where there is one."""
   name = f"cluster.replay={path!r}"
-  if not os.path.isfile(path):
-    raise ConfigError(f"{name} does not exist: give the trace.jsonl of a runtime=threads run")
-  with open(path) as file:
-    lines = file.read().split("\n")
-  if lines and lines[-1] == "":
-    lines.pop()
-  records = []
+  remedy = "give the trace.jsonl of a runtime=threads run of this version"
+  lines = list(_file_lines(path, name, remedy))
+  if not lines:
+    raise ConfigError(f"{name} does not begin with a version-{VERSION} trace header: it is empty")
+  fault = _header_fault(lines[0])
+  if fault is not None:
+    raise ConfigError(f"{name} {fault}: {remedy}")
+  if not lines[-1].endswith("\n"):
+    raise ConfigError(
+      f"{name} is cut at line {len(lines)}: its last line has no newline (the run was "
+      "stopped as it wrote, or the file cut); replay the trace of a run that completed"
+    )
+  chain = Chain()
+  bodies = []
   for number, line in enumerate(lines, 1):
+    body = chain.follow(line)
+    if body is None:
+      raise ConfigError(f"{name} {_damaged(number)}")
+    bodies.append(body)
+  # The checksums hold what the writer wrote; what follows checks the writer.
+  records = []
+  for number, body in enumerate(bodies, 1):
     try:
-      record = json.loads(line)
+      record = json.loads(body)
     except json.JSONDecodeError:
-      raise ConfigError(f"{name} is cut or malformed at line {number}: not JSON") from None
+      raise ConfigError(f"{name} is malformed at line {number}: not JSON") from None
     if not isinstance(record, dict):
       raise ConfigError(f"{name} is malformed at line {number}: not a JSON object")
     records.append(record)
-  first = records[0] if records else {}
-  if first.get("kind") != "header" or first.get("version") != VERSION:
-    raise ConfigError(f"{name} does not begin with a version-{VERSION} trace header")
+  first = records[0]
   workers = first.get("workers")
   if not isinstance(workers, int) or workers < 1 or not isinstance(first.get("config"), dict):
     raise ConfigError(f"{name}'s header lacks its workers or config")

@@ -153,6 +153,7 @@ def _trace_of(tmp_path):
   return config, tmp_path / "recorded" / trace.FILE
 
 
+@pytest.mark.e2e  # records a run
 def test_bad_replays_and_runtimes_are_refused_in_one_line(tmp_path):
   config, path = _trace_of(tmp_path)
   lines = path.read_text().splitlines(keepends=True)
@@ -170,22 +171,41 @@ def test_bad_replays_and_runtimes_are_refused_in_one_line(tmp_path):
   missing = replay.copy_and_resolve_references()
   missing.cluster.replay = str(tmp_path / "nowhere.jsonl")
   refused(missing, r"does not exist")
+  # The checksums refuse a line changed, added or moved (tests/train/runtimes/test_trace.py
+  # has the structural checks behind them, and every other kind of bad file).
+  damaged = "is damaged at line {}: it does not follow from the line before"
+  worker_1 = next(n for n, line in enumerate(lines, 1) if '"worker": 1' in line)
+  reordered = [lines[0], *lines[2:-1][::-1], lines[1], lines[-1]]
+
+  def rechained(lines):
+    """`lines` with their sums computed again, as a writer with a bug would write
+    them: the checks of the events themselves remain."""
+    chain = trace.Chain()
+    bodies = [trace.SUM.sub("}", line.removesuffix("\n")) for line in lines]
+    return "".join(chain.seal(json.loads(body)) for body in bodies)
+
   for name, text, pattern in [
     ("no_end.jsonl", "".join(lines[:-1]), "is truncated"),
-    ("cut.jsonl", "".join(lines)[:-30], "cut or malformed|truncated"),
+    ("cut.jsonl", "".join(lines)[:-30], f"is cut at line {len(lines)}"),
     ("empty.jsonl", "", "trace header"),
     ("not_a_trace.jsonl", '{"kind": "end"}\n', "trace header"),
-    ("a_list.jsonl", "".join(lines[:1]) + "[1, 2]\n" + "".join(lines[1:]), "not a JSON object"),
-    ("bad_op.jsonl", "".join(lines).replace('"op": "local"', '"op": "fly"', 1), "with an op of"),
-    ("bad_worker.jsonl", "".join(lines).replace('"worker": 1', '"worker": 7', 1), "its 2 workers"),
-    ("no_ticks.jsonl", "".join(lines[:-1]) + '{"kind": "end", "events": 1}\n', "inconsistent"),
+    ("a_list.jsonl", "".join(lines[:1]) + "[1, 2]\n" + "".join(lines[1:]), damaged.format(2)),
+    ("bad_op.jsonl", "".join(lines).replace('"op": "local"', '"op": "fly"', 1), damaged.format(2)),
     (
-      "reordered.jsonl",
-      "".join([lines[0], *lines[2:-1][::-1], lines[1], lines[-1]]),
-      "packs into|inconsistent",
+      "bad_worker.jsonl",
+      "".join(lines).replace('"worker": 1', '"worker": 7', 1),
+      damaged.format(worker_1),
     ),
+    (
+      "no_ticks.jsonl",
+      "".join(lines[:-1]) + '{"kind": "end", "events": 1}\n',
+      damaged.format(len(lines)),
+    ),
+    ("reordered.jsonl", "".join(reordered), damaged.format(2)),
+    ("reordered_rechained.jsonl", rechained(reordered), "packs into|inconsistent"),
+    ("binary.jsonl", "".join(lines[:2]) + "\udcff\n", "is not UTF-8 text at line 3"),
   ]:
-    (tmp_path / name).write_text(text)
+    (tmp_path / name).write_text(text, errors="surrogateescape")
     bad = replay.copy_and_resolve_references()
     bad.cluster.replay = str(tmp_path / name)
     refused(bad, pattern)
@@ -279,6 +299,9 @@ def test_sigterm_and_kill_9_resume_to_the_bits_of_the_replay(tmp_path):
   _assert_same_bits(workdir, tmp_path / "replay", 200)
   events = [json.loads(line) for line in (workdir / trace.FILE).read_text().splitlines()]
   assert [e["kind"] for e in events].count("header") == 1
-  assert events[-1] == {"kind": "end", "events": len(events) - 2, "ticks": 200}
+  assert events[-1] == {"kind": "end", "events": len(events) - 2, "ticks": 200} | {
+    "sum": events[-1]["sum"]
+  }
+  trace.read(str(workdir / trace.FILE))  # its checksums chain across both resumes
   shutil.rmtree(workdir)  # large
   assert not os.path.exists(workdir)

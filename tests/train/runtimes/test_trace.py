@@ -1,0 +1,201 @@
+"""The trace's integrity, without a training run: its chain of checksums refuses a
+line edited, dropped, inserted or moved, every bad file is refused in one line,
+and a resumed trace continues the chain."""
+
+import hashlib
+import json
+import re
+
+import pytest
+
+from easgd.configs.default import get_config
+from easgd.errors import ConfigError
+from easgd.train.runtimes import trace
+
+# The suffix a line's checksum takes, as the trace's module docstring describes it.
+SUM = re.compile(r', "sum": "[0-9a-f]{16}"\}\n\Z')
+
+# Two workers' events: a few local steps and exchanges, as a threads run writes them.
+EVENTS = [
+  trace.Event(0, 0, "local", True, 0, time=0.1, compute=0.1),
+  trace.Event(1, 0, "local", True, 0, time=0.12, compute=0.12),
+  trace.Event(0, 1, "exchange", True, 1, read=0, wrote=1, staleness=0, time=0.2, service=0.01),
+  trace.Event(1, 1, "exchange", True, 1, read=1, wrote=2, staleness=0, time=0.25, service=0.01),
+  trace.Event(0, 2, "local", True, 2, time=0.3, compute=0.1),
+]
+
+
+def _config():
+  config = get_config()
+  config.algorithm = "async_easgd"
+  config.workers = 2
+  return config
+
+
+def _write(workdir, events=EVENTS, ticks=3, keep_events=None, end=True):
+  """The lines of the trace a Writer leaves in `workdir` after `events` (and the
+  end line, unless `end` is false)."""
+  writer = trace.Writer(str(workdir), _config(), keep_events)
+  for event in events:
+    writer.add(event)
+  if end:
+    writer.end((keep_events or 0) + len(events), ticks)
+  writer.close()
+  return (workdir / trace.FILE).read_text().splitlines(keepends=True)
+
+
+def _bodies(lines):
+  """Each line's JSON body: the line without its checksum."""
+  return [SUM.sub("}", line) for line in lines]
+
+
+def _chained(bodies):
+  """The lines of `bodies`, each carrying its checksum: the first 16 hex digits of
+  sha256 of the line before's (the header's: "") and the body."""
+  lines, previous = [], ""
+  for body in bodies:
+    previous = hashlib.sha256((previous + body).encode()).hexdigest()[:16]
+    lines.append(f'{body[:-1]}, "sum": "{previous}"}}\n')
+  return lines
+
+
+def _refused(path, pattern):
+  with pytest.raises(ConfigError, match=pattern) as error:
+    trace.read(str(path))
+  assert "\n" not in str(error.value)
+
+
+def test_a_written_trace_is_read_back_and_its_sums_are_the_formats(tmp_path):
+  lines = _write(tmp_path)
+  recorded = trace.read(str(tmp_path / trace.FILE))
+  assert recorded.events == EVENTS and recorded.ticks == 3
+  assert recorded.header["version"] == trace.VERSION == 2
+  assert recorded.header["workers"] == 2 and "sum" not in recorded.header
+  assert [json.loads(line)["kind"] for line in lines] == ["header", *["event"] * 5, "end"]
+  assert _chained(_bodies(lines)) == lines  # the chain, computed from the description
+
+
+def _damage(lines):
+  """(name, the damaged file's text or bytes, the pattern its refusal matches)."""
+  text = "".join(lines)
+  last = len(lines)
+  damaged = "is damaged at line {}: it does not follow from the line before by its checksum"
+  return [
+    ("worker.jsonl", text.replace('"worker": 1', '"worker": 0', 1), damaged.format(3)),
+    ("op.jsonl", text.replace('"op": "local"', '"op": "lokal"', 1), damaged.format(2)),
+    ("header.jsonl", text.replace('"workers": 2', '"workers": 3', 1), damaged.format(1)),
+    ("dropped.jsonl", "".join(lines[:3] + lines[4:]), damaged.format(4)),
+    ("swapped.jsonl", "".join([*lines[:2], lines[3], lines[2], *lines[4:]]), damaged.format(3)),
+    ("repeated.jsonl", "".join([*lines[:3], lines[2], *lines[3:]]), damaged.format(4)),
+    ("inserted.jsonl", "".join([*lines[:3], '{"kind": "event"}\n', *lines[3:]]), damaged.format(4)),
+    ("end.jsonl", text.replace('"events": 5', '"events": 4'), damaged.format(last)),
+    ("reversed.jsonl", "".join([lines[0], *lines[1:-1][::-1], lines[-1]]), damaged.format(2)),
+    (
+      "no_sum.jsonl",
+      "".join([*lines[:2], _bodies(lines)[2] + "\n", *lines[3:]]),
+      damaged.format(3),
+    ),
+    ("cut.jsonl", text[:-10], f"is cut at line {last}: its last line has no newline"),
+    ("no_end.jsonl", "".join(lines[:-1]), "is truncated: it has no end line"),
+    ("header_only.jsonl", lines[0], "is truncated: it has no end line"),
+    ("binary.jsonl", lines[0].encode() + b"\xff\xfe\x00\x01\n", "is not UTF-8 text at line 2"),
+    ("empty.jsonl", "", "does not begin with a version-2 trace header: it is empty"),
+    ("not_a_trace.jsonl", '{"kind": "end"}\n', "does not begin with a version-2 trace header"),
+    ("a_list.jsonl", "[1, 2]\n", "does not begin with a version-2 trace header"),
+    ("not_json.jsonl", "epoch,loss\n1,0.5\n", "does not begin with a version-2 trace header"),
+    ("version_3.jsonl", text.replace('"version": 2', '"version": 3'), "is a version-3 trace"),
+  ]
+
+
+def test_every_damage_is_refused_in_one_line_naming_its_line(tmp_path):
+  lines = _write(tmp_path)
+  for name, content, pattern in _damage(lines):
+    path = tmp_path / name
+    if isinstance(content, bytes):
+      path.write_bytes(content)
+    else:
+      path.write_text(content)
+    _refused(path, pattern)
+  _refused(tmp_path / "nowhere.jsonl", r"=.*nowhere.jsonl' does not exist: give the trace.jsonl")
+  _refused(tmp_path, r"is a directory: give the trace.jsonl of a runtime=threads run")
+
+
+def _version_1(lines):
+  """The trace of `lines` as an earlier version wrote it: version 1, no sums."""
+  records = [json.loads(body) for body in _bodies(lines)]
+  records[0]["version"] = 1
+  return "".join(json.dumps(record) + "\n" for record in records)
+
+
+def test_a_trace_of_an_earlier_version_is_refused_naming_it(tmp_path):
+  lines = _write(tmp_path)
+  path = tmp_path / "version_1.jsonl"
+  path.write_text(_version_1(lines))
+  _refused(path, r"was written by an earlier version of this program \(a version-1 trace, ")
+  # A threads run whose workdir holds one cannot resume it, and leaves it as it was.
+  resumed = tmp_path / "resumed"
+  resumed.mkdir()
+  (resumed / trace.FILE).write_text(_version_1(lines))
+  with pytest.raises(ConfigError, match=r"was written by an earlier version.*another --workdir"):
+    trace.Writer(str(resumed), _config(), 3)
+  assert (resumed / trace.FILE).read_text() == _version_1(lines)
+
+
+def test_the_structural_checks_catch_what_the_sums_cannot(tmp_path):
+  """A line changed and the chain computed again (as a writer with a bug would
+  write it) passes the sums; the checks of the events' contents refuse it."""
+  bodies = _bodies(_write(tmp_path))
+  header = json.loads(bodies[0])
+  del header["workers"]
+  cases = [
+    ("op", 3, bodies[3].replace('"op": "exchange"', '"op": "fly"'), "line 4: .* op of local,"),
+    ("worker", 2, bodies[2].replace('"worker": 1', '"worker": 7'), "line 3: .* its 2 workers"),
+    ("field", 5, bodies[5].replace('"local": true', '"lokal": true'), "line 6: .*keyword"),
+    ("kind", 2, bodies[2].replace('"kind": "event"', '"kind": "end"'), "line 3: not an event"),
+    ("header", 0, json.dumps(header), "header lacks its workers or config"),
+    ("count", 6, bodies[6].replace('"events": 5', '"events": 4'), "end line counts 4 events"),
+    ("ticks", 6, '{"kind": "end", "events": 5}', "is inconsistent"),
+  ]
+  for name, number, body, pattern in cases:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(_chained([*bodies[:number], body, *bodies[number + 1 :]])))
+    _refused(path, pattern)
+
+
+def test_a_resumed_trace_continues_the_chain(tmp_path):
+  # A run killed after its 5th event, mid-way through writing its 6th.
+  lines = _write(tmp_path, end=False)
+  (tmp_path / trace.FILE).write_text("".join(lines) + '{"kind": "event", "wor')
+  # Its checkpoint counted 3 events: the trace is cut back to them, then continues.
+  more = [trace.Event(1, 2, "local", True, 2, time=0.4), trace.Event(0, 3, "local", True, 3)]
+  resumed = _write(tmp_path, events=more, ticks=4, keep_events=3)
+  assert resumed[:4] == lines[:4]
+  recorded = trace.read(str(tmp_path / trace.FILE))  # the whole file verifies
+  assert recorded.events == [*EVENTS[:3], *more] and recorded.ticks == 4
+  assert not (tmp_path / (trace.FILE + ".cut")).exists()
+
+
+def test_a_resume_refuses_a_kept_prefix_that_was_edited_writing_nothing(tmp_path):
+  lines = _write(tmp_path, end=False)
+  lines[2] = lines[2].replace('"worker": 1', '"worker": 0')
+  edited = "".join(lines)
+  (tmp_path / trace.FILE).write_text(edited)
+  damaged = r"trace.jsonl' is damaged at line 3: it does not follow .* use another --workdir$"
+  with pytest.raises(ConfigError, match=damaged) as error:
+    trace.Writer(str(tmp_path), _config(), 3)
+  assert "\n" not in str(error.value)
+  assert (tmp_path / trace.FILE).read_text() == edited
+  assert not (tmp_path / (trace.FILE + ".cut")).exists()
+  # A line past the checkpoint's events is dropped, whatever it holds.
+  _write(tmp_path, events=[], keep_events=1)
+  assert trace.read(str(tmp_path / trace.FILE)).events == EVENTS[:1]
+
+
+def test_a_resume_refuses_a_trace_shorter_than_its_checkpoint(tmp_path):
+  lines = _write(tmp_path, end=False)
+  (tmp_path / trace.FILE).write_text("".join(lines[:3]) + lines[3][:-1])  # event 3 cut
+  with pytest.raises(ConfigError, match=r"holds fewer whole lines than the checkpoint"):
+    trace.Writer(str(tmp_path), _config(), 3)
+  (tmp_path / trace.FILE).write_bytes(b"\xff\n")
+  with pytest.raises(ConfigError, match=r"is not UTF-8 text at line 1: .* use another --workdir$"):
+    trace.Writer(str(tmp_path), _config(), 3)
