@@ -1,4 +1,4 @@
-"""Test setup: two tiers, and one compilation cache for the session.
+"""Test setup: the tiers, and one compilation cache kept between runs.
 
 The CPU tier (`pytest`, `pytest -m "not e2e"`) runs on 8 virtual CPU devices,
 on every machine, an accelerator's too (JAX is then kept to its CPU backend),
@@ -14,9 +14,10 @@ programs; JAX's persistent cache, shared through the environment with the
 subprocesses, compiles each once. It is kept between runs, beside the one
 train.py keeps (in easgd/jax-tests of the user's cache folder), so that a rerun
 compiles only the programs a change touched: the quick tier took 184 s with
-the folder empty and 66 s on the next run (2 cores). Under CI (CI=true) a
-new folder is used and removed at the end, so that CI's time is a fresh
-machine's. JAX_COMPILATION_CACHE_DIR, if set, names the folder instead.
+the folder empty and 66 s on the next run (2 cores). The folder grows with
+every new program (nothing is evicted) and deleting it is safe. Under CI
+(CI=true) a new folder is used and removed at the end, so that CI's time is a
+fresh machine's. JAX_COMPILATION_CACHE_DIR, if set, names the folder instead.
 """
 
 import os
@@ -59,12 +60,14 @@ def pytest_unconfigure(config):
 
 
 def pytest_configure(config):
+  # JAX reads these variables when it is imported: before anything imports it.
+  _use_a_compilation_cache(config)
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   if gpu_tier(config.option.markexpr or ""):
     # What train.py sets for an accelerator, and nothing CPU-only.
     from easgd.infra import platform  # noqa: PLC0415 (imports JAX, which has not started)
 
     platform.make_gpu_deterministic()
-    _use_a_compilation_cache(config)
     return
   # Must be set before JAX starts its backends.
   os.environ["XLA_FLAGS"] = " ".join(
@@ -75,8 +78,6 @@ def pytest_configure(config):
       "--xla_cpu_collective_call_terminate_timeout_seconds=8",
     ]
   )
-  _use_a_compilation_cache(config)
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   import jax  # noqa: PLC0415 (after the environment above)
 
   from easgd.infra import platform  # noqa: PLC0415

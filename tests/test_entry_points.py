@@ -64,7 +64,7 @@ def assert_refused(code: int, err: str, *named: str) -> None:
     assert text in err, (text, err)
 
 
-def cases(names, in_a_process) -> list:
+def process_cases(names, in_a_process) -> list:
   """`names` as pytest parameters; those whose program runs as a process of its own
   (`in_a_process(name)`) are left to the whole suite (e2e), the rest run in the quick
   tier too."""
@@ -188,7 +188,9 @@ USAGE_IN_PROCESS = {
 }
 
 
-@pytest.mark.parametrize("case", cases([*USAGE, *USAGE_IN_PROCESS], lambda case: case in USAGE))
+@pytest.mark.parametrize(
+  "case", process_cases([*USAGE, *USAGE_IN_PROCESS], lambda case: case in USAGE)
+)
 def test_wrong_usage_is_one_line_and_writes_nothing(places, capsys, monkeypatch, program, case):
   here, _ = places
   if case in USAGE:
@@ -257,7 +259,7 @@ BAD_SWEEPS = {
 }
 
 
-@pytest.mark.parametrize("case", cases(BAD_SWEEPS, lambda case: True))  # sweep.py processes
+@pytest.mark.parametrize("case", process_cases(BAD_SWEEPS, lambda case: True))  # sweep.py processes
 def test_a_bad_sweep_file_is_one_line_naming_the_file(places, program, case):
   here, inputs = places
   sweep, said = BAD_SWEEPS[case]
@@ -291,7 +293,7 @@ PORTS = {
 }
 
 
-@pytest.mark.parametrize("case", cases(PORTS, lambda case: PORTS[case][0] == "train"))
+@pytest.mark.parametrize("case", process_cases(PORTS, lambda case: PORTS[case][0] == "train"))
 def test_a_coordinator_port_that_cannot_be_served_is_refused_before_any_process_starts(
   places, capsys, monkeypatch, program, case
 ):
@@ -411,7 +413,7 @@ PATHS = {
 
 
 @pytest.mark.parametrize(
-  "case", cases(PATHS, lambda case: PATHS[case][0] not in ("convert", "faults"))
+  "case", process_cases(PATHS, lambda case: PATHS[case][0] not in ("convert", "faults"))
 )
 def test_an_output_path_is_checked_before_anything_is_written(
   places, capsys, monkeypatch, program, case

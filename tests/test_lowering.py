@@ -370,10 +370,13 @@ PROGRAMS = [
 
 
 # The quick tier's share (-m "not e2e"): LeNet-5's float32 programs, for one
-# synchronous and one parameter-server rule, less batch_step and pipeline_init, which
-# run train_step's and pipeline_step's network (every rule's and network's programs,
-# a second or several each, run with the whole suite).
+# synchronous and one parameter-server rule, less batch_step and pipeline_init, whose
+# network code is train_step's and pipeline_step's; and ResNet-20's synchronous step
+# (the BatchNorm paths). Every rule's and network's programs, a second or several
+# each, run with the whole suite.
 def _quick(program: Program) -> bool:
+  if program == Program("train_step", "resnet20", "float32", SYNC):
+    return True
   lenet5 = (program.model, program.dtype) == ("lenet5", "float32")
   repeated = program.kind in ("batch_step", "pipeline_init")
   return lenet5 and program.rule in ("", SYNC, ASYNC) and not repeated

@@ -1,13 +1,16 @@
-"""The quick tier's share of the tests that run for every rule or on several layouts.
+"""The quick tier's share of a test's cases.
 
 `pytest -m "not e2e"` is the loop a developer runs after each change, and it
-must take under two minutes on two cores. A test parametrized over every rule
-of the registry runs there for a few rules only: one rule of each family,
-and one of each discipline by which a master serves its workers. Its other
-cases (the momentum rules, Downpour, the rules that differ from a quick one
-by a setting) are marked e2e and run with the whole suite. A test run on
-several device counts runs there on the first; the others, which show that
-the layout leaves the result alone, run with the whole suite.
+must take under two minutes on two cores once the compilation cache holds
+the last run's programs (tests/conftest.py). A test parametrized over every
+rule of the registry runs there for a few rules only (`cases`): one rule of
+each family, and one of each discipline by which a master serves its
+workers. Its other cases (the momentum rules, Downpour, the rules that
+differ from a quick one by a setting) are marked e2e and run with the whole
+suite. A test over other values (device counts, inner optimizers, sizes)
+runs there for its first (`first_quick`, `devices`: the most devices, the
+layout every collective crosses); the others, which repeat the check in
+another setting, run with the whole suite.
 """
 
 import pytest
@@ -36,12 +39,13 @@ def cases(values) -> list:
   ]
 
 
-def first_quick(values) -> list:
+def first_quick(values, quick: int = 1) -> list:
   """`values` (one a case; a tuple for several arguments) as pytest parameters: the
-  first in the quick tier, the others with the whole suite (e2e)."""
+  first `quick` in the quick tier, the others with the whole suite (e2e)."""
   return [
     pytest.param(
-      *(value if isinstance(value, tuple) else (value,)), marks=[pytest.mark.e2e] if i else []
+      *(value if isinstance(value, tuple) else (value,)),
+      marks=[pytest.mark.e2e] if i >= quick else [],
     )
     for i, value in enumerate(values)
   ]

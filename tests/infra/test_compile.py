@@ -59,7 +59,7 @@ def test_a_compiled_program_is_kept_in_the_cache_folder_and_off_means_off(tmp_pa
     assert os.listdir(tmp_path / "on")
     compile_lib.use_persistent_cache("")
     assert not jax.config.jax_enable_compilation_cache
-  finally:  # the session's cache again (tests/conftest.py)
+  finally:  # the tests' cache again (tests/conftest.py)
     for name, value in before.items():
       jax.config.update(name, value)
     compilation_cache.reset_cache()

@@ -16,10 +16,10 @@ from easgd.rules import AXIS, model_state
 from easgd.sim import timing
 from easgd.train import trainer
 
-# The small networks in the quick tier; the large ones, which take up to seconds
-# each to trace, with the whole suite.
+# The small networks in the quick tier, ResNet-20 for its BatchNorm statistics; the
+# large ones, which take up to seconds each to trace, with the whole suite.
 NETWORKS = [
-  pytest.param(name, marks=[] if name in ("mlp", "lenet5") else [pytest.mark.e2e])
+  pytest.param(name, marks=[] if name in ("mlp", "lenet5", "resnet20") else [pytest.mark.e2e])
   for name in sorted(models.MODELS)
 ]
 

@@ -91,9 +91,7 @@ def _final_centers(name, settings):
 
 @pytest.mark.parametrize(
   "name",
-  tiers.first_quick(
-    ["sync_easgd", "diloco", "sync_sgd", "async_easgd", "downpour", "async_local_sgd"]
-  ),
+  tiers.cases(["sync_easgd", "diloco", "sync_sgd", "async_easgd", "downpour", "async_local_sgd"]),
 )
 def test_int8_exchanges_train_close_to_float32_and_replay_bit_for_bit(name):
   if rules.RULES[name].parameter_server():

@@ -135,7 +135,8 @@ def test_rule_follows_a_literal_parameter_server(name, num_devices):
   follows_the_event_loop(name, hyper_for(name), inner, num_devices)
 
 
-# AdamW under a schedule in the quick tier; the other inner optimizers with the suite.
+# AdamW under a schedule and EAMSGD's look-ahead step (its L2 term there too) in the
+# quick tier; the other inner optimizers and schedules with the whole suite.
 @pytest.mark.parametrize(
   "name,settings,inner",
   tiers.first_quick(
@@ -144,6 +145,11 @@ def test_rule_follows_a_literal_parameter_server(name, num_devices):
         "async_easgd",
         dict(optimizer="adamw", schedule="warmup_cosine", warmup_steps=4, weight_decay=0.1),
         numpy_optim.Optimizer("adamw", numpy_optim.warmup_cosine(ETA, 4, 30), wd=0.1),
+      ),
+      (
+        "async_measgd",  # EAMSGD's look-ahead form: the L2 term's gradient at the look-ahead too
+        dict(schedule="warmup_step", warmup_steps=2, boundaries=(0.3,), weight_decay=0.1),
+        numpy_optim.LookAheadSGD(numpy_optim.warmup_step(ETA, 2, 30, (0.3,), 0.1), MU, wd=0.1),
       ),
       (
         "hogwild_easgd",
@@ -161,16 +167,12 @@ def test_rule_follows_a_literal_parameter_server(name, num_devices):
         numpy_optim.Optimizer("sgd", numpy_optim.warmup_cosine(ETA, 3, 30), mu=MU, wd=0.1),
       ),
       (
-        "async_measgd",  # EAMSGD's look-ahead form: the L2 term's gradient at the look-ahead too
-        dict(schedule="warmup_step", warmup_steps=2, boundaries=(0.3,), weight_decay=0.1),
-        numpy_optim.LookAheadSGD(numpy_optim.warmup_step(ETA, 2, 30, (0.3,), 0.1), MU, wd=0.1),
-      ),
-      (
         "async_msgd",
         dict(schedule="warmup_step", warmup_steps=2, boundaries=(0.3,)),
         numpy_optim.Optimizer("sgd", numpy_optim.warmup_step(ETA, 2, 30, (0.3,), 0.1)),
       ),
-    ]
+    ],
+    quick=2,
   ),
 )
 def test_each_workers_inner_optimizer_and_schedule_follow_its_own_steps(name, settings, inner):

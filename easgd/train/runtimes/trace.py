@@ -40,6 +40,7 @@ packed them the same way as it ran, so a replay takes the same T ticks,
 and every event's tick is checked against the recorded one.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -204,16 +205,43 @@ def _file_lines(path: str, name: str, remedy: str) -> Iterator[str]:
         raise ConfigError(f"{name} is not UTF-8 text at line {number}: {remedy}") from None
 
 
+def _json(text: str):
+  """The value of the JSON `text`, or None if it is not JSON Python can hold (a
+  number of over 4,300 digits, nesting past the recursion limit)."""
+  try:
+    return json.loads(text)
+  except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+    return None
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What each field of an event line holds (Event's fields, as JSON gives them back).
+_EVENT_FIELDS = {
+  "worker": _is_int,
+  "step": _is_int,
+  "op": lambda value: isinstance(value, str) and value in OPS,
+  "local": lambda value: isinstance(value, bool),
+  "tick": _is_int,
+  "read": lambda value: value is None or _is_int(value),
+  "wrote": lambda value: value is None or _is_int(value),
+  "staleness": _is_int,
+  **{
+    name: lambda value: isinstance(value, int | float) and not isinstance(value, bool)
+    for name in ("wait", "time", "compute", "service")
+  },
+}
+
+
 def _header_fault(line: str) -> str | None:
   """What is wrong with a trace's first line as a version-VERSION header, or None."""
-  try:
-    first = json.loads(line)
-  except json.JSONDecodeError:
-    first = None
+  first = _json(line)
   if not isinstance(first, dict) or first.get("kind") != "header":
     return f"does not begin with a version-{VERSION} trace header"
   version = first.get("version")
-  if isinstance(version, int) and version < VERSION:
+  if _is_int(version) and version < VERSION:
     return (
       f"was written by an earlier version of this program (a version-{version} trace, "
       f"without the checksums of version {VERSION})"
@@ -240,7 +268,8 @@ def _kept_lines(path: str, count: int, chain: Chain) -> list[str]:
       f"the checkpoint to resume counts {count - 1} traced events, but {path!r} is missing: "
       f"{remedy}"
     )
-  lines = list(itertools.islice(_file_lines(path, repr(path), remedy), count))
+  with contextlib.closing(_file_lines(path, repr(path), remedy)) as file_lines:
+    lines = list(itertools.islice(file_lines, count))
   fault = (
     _header_fault(lines[0]) if lines else f"does not begin with a version-{VERSION} trace header"
   )
@@ -269,12 +298,20 @@ def read(path: str) -> Trace:
   damaged or malformed one, naming the line where there is one."""
   name = f"cluster.replay={path!r}"
   remedy = "give the trace.jsonl of a runtime=threads run of this version"
-  lines = list(_file_lines(path, name, remedy))
-  if not lines:
-    raise ConfigError(f"{name} does not begin with a version-{VERSION} trace header: it is empty")
-  fault = _header_fault(lines[0])
-  if fault is not None:
-    raise ConfigError(f"{name} {fault}: {remedy}")
+  with contextlib.closing(_file_lines(path, name, remedy)) as file_lines:
+    # The header first: a file that is not a trace is refused before the rest is read.
+    first = next(file_lines, None)
+    if first is None:
+      raise ConfigError(f"{name} does not begin with a version-{VERSION} trace header: it is empty")
+    fault = _header_fault(first)
+    if fault is not None:
+      raise ConfigError(f"{name} {fault}: {remedy}")
+    if first.endswith("\r\n"):
+      raise ConfigError(
+        f"{name} has Windows line endings (\\r\\n); the sums are of lines ending in \\n "
+        "alone, as the run wrote them: give the file as the run wrote it"
+      )
+    lines = [first, *file_lines]
   if not lines[-1].endswith("\n"):
     raise ConfigError(
       f"{name} is cut at line {len(lines)}: its last line has no newline (the run was "
@@ -290,16 +327,13 @@ def read(path: str) -> Trace:
   # The checksums hold what the writer wrote; what follows checks the writer.
   records = []
   for number, body in enumerate(bodies, 1):
-    try:
-      record = json.loads(body)
-    except json.JSONDecodeError:
-      raise ConfigError(f"{name} is malformed at line {number}: not JSON") from None
+    record = _json(body)
     if not isinstance(record, dict):
       raise ConfigError(f"{name} is malformed at line {number}: not a JSON object")
     records.append(record)
   first = records[0]
   workers = first.get("workers")
-  if not isinstance(workers, int) or workers < 1 or not isinstance(first.get("config"), dict):
+  if not _is_int(workers) or workers < 1 or not isinstance(first.get("config"), dict):
     raise ConfigError(f"{name}'s header lacks its workers or config")
   end = records[-1]
   if end.get("kind") != "end":
@@ -309,17 +343,20 @@ def read(path: str) -> Trace:
     )
   events = []
   for number, record in enumerate(records[1:-1], 2):
-    try:
-      event = Event(**{k: v for k, v in record.items() if k != "kind"})
-    except TypeError as error:
-      raise ConfigError(f"{name} is malformed at line {number}: {error}") from None
-    if record.get("kind") != "event" or event.op not in OPS or not 0 <= event.worker < workers:
+    fields = {key: value for key, value in record.items() if key != "kind"}
+    wrong = sorted(
+      key
+      for key in fields.keys() | _EVENT_FIELDS.keys()
+      if key not in fields or key not in _EVENT_FIELDS or not _EVENT_FIELDS[key](fields[key])
+    )
+    if record.get("kind") != "event" or wrong or not 0 <= fields["worker"] < workers:
       raise ConfigError(
         f"{name} is malformed at line {number}: not an event of one of its {workers} "
-        f"workers with an op of {', '.join(OPS)}"
+        f"workers with an op of {', '.join(OPS)} (fields missing, unknown or of the wrong "
+        f"type: {', '.join(wrong) or 'none'})"
       )
-    events.append(event)
-  if end.get("events") != len(events) or not isinstance(end.get("ticks"), int):
+    events.append(Event(**fields))
+  if end.get("events") != len(events) or not _is_int(end.get("ticks")):
     raise ConfigError(
       f"{name} is inconsistent: its end line counts {end.get('events')} events, "
       f"it holds {len(events)}"

@@ -10,6 +10,7 @@ import pytest
 
 from easgd.configs.default import get_config
 from easgd.errors import ConfigError
+from easgd.train import trainer
 from easgd.train.runtimes import trace
 
 # The suffix a line's checksum takes, as the trace's module docstring describes it.
@@ -104,6 +105,10 @@ def _damage(lines):
     ("a_list.jsonl", "[1, 2]\n", "does not begin with a version-2 trace header"),
     ("not_json.jsonl", "epoch,loss\n1,0.5\n", "does not begin with a version-2 trace header"),
     ("version_3.jsonl", text.replace('"version": 2', '"version": 3'), "is a version-3 trace"),
+    ("version_true.jsonl", text.replace('"version": 2', '"version": true'), "a version-True"),
+    ("huge.jsonl", text.replace('"version": 2', '"version": ' + "1" * 5000), "trace header"),
+    ("deep.jsonl", "[" * 100_000 + "\n", "does not begin with a version-2 trace header"),
+    ("crlf.jsonl", text.replace("\n", "\r\n"), r"has Windows line endings \(\\r\\n\)"),
   ]
 
 
@@ -150,7 +155,12 @@ def test_the_structural_checks_catch_what_the_sums_cannot(tmp_path):
   cases = [
     ("op", 3, bodies[3].replace('"op": "exchange"', '"op": "fly"'), "line 4: .* op of local,"),
     ("worker", 2, bodies[2].replace('"worker": 1', '"worker": 7'), "line 3: .* its 2 workers"),
-    ("field", 5, bodies[5].replace('"local": true', '"lokal": true'), "line 6: .*keyword"),
+    ("field", 5, bodies[5].replace('"local": true', '"lokal": true'), "line 6: .*: local, lokal"),
+    ("type", 1, bodies[1].replace('"worker": 0', '"worker": "0"'), r"line 2: .*type: worker\)"),
+    ("bool", 1, bodies[1].replace('"worker": 0', '"worker": false'), r"line 2: .*type: worker\)"),
+    ("list", 3, bodies[3].replace('"op": "exchange"', '"op": ["x"]'), r"line 4: .*type: op\)"),
+    ("time", 2, bodies[2].replace('"time": 0.12', '"time": "0.12"'), r"line 3: .*type: time\)"),
+    ("deep", 2, '{"worker": ' + "[" * 100_000 + "}", "line 3: not a JSON object"),
     ("kind", 2, bodies[2].replace('"kind": "event"', '"kind": "end"'), "line 3: not an event"),
     ("header", 0, json.dumps(header), "header lacks its workers or config"),
     ("count", 6, bodies[6].replace('"events": 5', '"events": 4'), "end line counts 4 events"),
@@ -199,3 +209,32 @@ def test_a_resume_refuses_a_trace_shorter_than_its_checkpoint(tmp_path):
   (tmp_path / trace.FILE).write_bytes(b"\xff\n")
   with pytest.raises(ConfigError, match=r"is not UTF-8 text at line 1: .* use another --workdir$"):
     trace.Writer(str(tmp_path), _config(), 3)
+
+
+def test_a_trace_is_replayed_only_under_the_configuration_that_recorded_it(tmp_path):
+  """Refused before any tick is packed: another configuration, another length, and a
+  replay asked of the threads runtime or of a synchronous rule (the whole replay is
+  test_threads.py's, with a recorded run)."""
+  _write(tmp_path)
+  replay = _config()
+  replay.cluster.replay = str(tmp_path / trace.FILE)
+  replay.run.total_steps = 3
+  other = replay.copy_and_resolve_references()
+  other.optimizer.learning_rate = replay.optimizer.learning_rate / 2
+  rate = replay.optimizer.learning_rate
+  recorded = rf"recorded with config.optimizer.learning_rate={rate}, this run has {rate / 2}"
+  longer = replay.copy_and_resolve_references()
+  longer.run.total_steps = 4
+  threads = replay.copy_and_resolve_references()
+  threads.runtime = "threads"
+  sync = replay.copy_and_resolve_references()
+  sync.algorithm = "sync_easgd"
+  for config, pattern in [
+    (other, recorded),
+    (longer, r"holds 3 ticks; set run.total_steps=3"),
+    (threads, r"^config.cluster.replay=.* a replay drives runtime=simulated"),
+    (sync, r"sync_easgd has none"),
+  ]:
+    with pytest.raises(ConfigError, match=pattern) as error:
+      trainer.check(config)  # the fields, then the runtime's own checks (the replay's too)
+    assert "\n" not in str(error.value)
