@@ -218,25 +218,29 @@ def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
-# What each field of an event line holds (Event's fields, as JSON gives them back).
-_EVENT_FIELDS = {
-  "worker": _is_int,
-  "step": _is_int,
-  "op": lambda value: isinstance(value, str) and value in OPS,
-  "local": lambda value: isinstance(value, bool),
-  "tick": _is_int,
-  "read": lambda value: value is None or _is_int(value),
-  "wrote": lambda value: value is None or _is_int(value),
-  "staleness": _is_int,
-  **{
-    name: lambda value: isinstance(value, int | float) and not isinstance(value, bool)
-    for name in ("wait", "time", "compute", "service")
-  },
+# Whether a JSON value is of a type an Event field declares (JSON gives a float
+# field's whole numbers back as ints).
+_OF_TYPE = {
+  int: _is_int,
+  int | None: lambda value: value is None or _is_int(value),
+  float: lambda value: isinstance(value, int | float) and not isinstance(value, bool),
+  bool: lambda value: isinstance(value, bool),
+  str: lambda value: isinstance(value, str),
 }
+# Each field of an event line, and the check of its value's type.
+_EVENT_FIELDS = {field.name: _OF_TYPE[field.type] for field in dataclasses.fields(Event)}
 
 
-def _header_fault(line: str) -> str | None:
-  """What is wrong with a trace's first line as a version-VERSION header, or None."""
+def _header_fault(line: str | None) -> str | None:
+  """What is wrong with a trace's first line (None: the file is empty) as a
+  version-VERSION header, or None."""
+  if line is None:
+    return f"does not begin with a version-{VERSION} trace header: it is empty"
+  if line.endswith("\r\n"):
+    return (
+      "has Windows line endings (\\r\\n); the sums are of lines ending in \\n alone, "
+      "as the run wrote them"
+    )
   first = _json(line)
   if not isinstance(first, dict) or first.get("kind") != "header":
     return f"does not begin with a version-{VERSION} trace header"
@@ -270,9 +274,7 @@ def _kept_lines(path: str, count: int, chain: Chain) -> list[str]:
     )
   with contextlib.closing(_file_lines(path, repr(path), remedy)) as file_lines:
     lines = list(itertools.islice(file_lines, count))
-  fault = (
-    _header_fault(lines[0]) if lines else f"does not begin with a version-{VERSION} trace header"
-  )
+  fault = _header_fault(lines[0] if lines else None)
   if fault is not None:
     raise ConfigError(f"{path!r} {fault}: a resume cannot continue it; use another --workdir")
   if len(lines) < count or not lines[-1].endswith("\n"):
@@ -301,16 +303,9 @@ def read(path: str) -> Trace:
   with contextlib.closing(_file_lines(path, name, remedy)) as file_lines:
     # The header first: a file that is not a trace is refused before the rest is read.
     first = next(file_lines, None)
-    if first is None:
-      raise ConfigError(f"{name} does not begin with a version-{VERSION} trace header: it is empty")
     fault = _header_fault(first)
     if fault is not None:
       raise ConfigError(f"{name} {fault}: {remedy}")
-    if first.endswith("\r\n"):
-      raise ConfigError(
-        f"{name} has Windows line endings (\\r\\n); the sums are of lines ending in \\n "
-        "alone, as the run wrote them: give the file as the run wrote it"
-      )
     lines = [first, *file_lines]
   if not lines[-1].endswith("\n"):
     raise ConfigError(
@@ -349,7 +344,12 @@ def read(path: str) -> Trace:
       for key in fields.keys() | _EVENT_FIELDS.keys()
       if key not in fields or key not in _EVENT_FIELDS or not _EVENT_FIELDS[key](fields[key])
     )
-    if record.get("kind") != "event" or wrong or not 0 <= fields["worker"] < workers:
+    if (
+      record.get("kind") != "event"
+      or wrong
+      or fields["op"] not in OPS
+      or not 0 <= fields["worker"] < workers
+    ):
       raise ConfigError(
         f"{name} is malformed at line {number}: not an event of one of its {workers} "
         f"workers with an op of {', '.join(OPS)} (fields missing, unknown or of the wrong "

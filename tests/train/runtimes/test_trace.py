@@ -206,6 +206,9 @@ def test_a_resume_refuses_a_trace_shorter_than_its_checkpoint(tmp_path):
   (tmp_path / trace.FILE).write_text("".join(lines[:3]) + lines[3][:-1])  # event 3 cut
   with pytest.raises(ConfigError, match=r"holds fewer whole lines than the checkpoint"):
     trace.Writer(str(tmp_path), _config(), 3)
+  (tmp_path / trace.FILE).write_text("".join(lines).replace("\n", "\r\n"))
+  with pytest.raises(ConfigError, match=r"has Windows line endings .* use another --workdir$"):
+    trace.Writer(str(tmp_path), _config(), 3)
   (tmp_path / trace.FILE).write_bytes(b"\xff\n")
   with pytest.raises(ConfigError, match=r"is not UTF-8 text at line 1: .* use another --workdir$"):
     trace.Writer(str(tmp_path), _config(), 3)
