@@ -205,6 +205,8 @@ GROUPS = {
   "CPU workers of 10 ms a step, the slowest 1.5x slower than the fastest, 10% jitter, on "
   "1 Gbit/s Ethernet; the master takes 1 ms a request. Under runtime=threads only the "
   "workers' relative speeds apply, as real delays.",
+  "ray": "runtime=ray (easgd/train/runtimes/ray_runtime.py; docs/runtimes.md): each worker "
+  "a Ray actor process, the center on server actors.",
   "device": "The device, for the planner only (python -m easgd.plan).",
   "run": "How long the run goes, where it runs and what it reports: these may change when a "
   "run is resumed.",
@@ -255,7 +257,8 @@ FIELDS_DECLARED = (
     "simulated",
     text("the name of a runtime"),
     "how the rules run (easgd/train/runtimes/; docs/runtimes.md): simulated (the timing "
-    "model's ticks) or threads (a host thread a worker, recording WORKDIR/trace.jsonl)",
+    "model's ticks), threads (a host thread a worker, recording WORKDIR/trace.jsonl) or ray "
+    "(a process a worker, on Ray; the same trace)",
     earlier="simulated",
   ),
   # The data and each worker's batches.
@@ -655,8 +658,45 @@ FIELDS_DECLARED = (
     "cluster.replay",
     "",
     text("a trace.jsonl path, or '' (off)"),
-    "a trace.jsonl of a runtime=threads run, replayed instead of the timing model's order; '': off",
+    "a trace.jsonl of a runtime=threads or ray run, replayed instead of the timing model's "
+    "order; '': off",
     earlier="",
+  ),
+  Field(
+    "cluster.on_worker_loss",
+    "rejoin",
+    one_of(("rejoin", "continue", "stop")),
+    "runtime=ray, a worker process that dies: rejoin (Ray restarts it; it starts from the "
+    "center), continue (the others go on without it) or stop (the run stops)",
+    Shapes.NEVER,
+    earlier="rejoin",
+  ),
+  # runtime=ray.
+  Field(
+    "ray.address",
+    "",
+    text("HOST:PORT of a Ray head, 'auto', or '' (embedded)"),
+    "the Ray cluster: HOST:PORT of its head, 'auto' (the one this node joined with ray start), "
+    "or '' for RAY_ADDRESS or else an embedded one the run starts",
+    Shapes.NEVER,
+    earlier="",
+  ),
+  Field(
+    "ray.servers",
+    1,
+    integer(1),
+    "S: server actors the center is split over, by parameter blocks (at most the model's "
+    "blocks; python -m easgd.plan says how many a model needs)",
+    Shapes.NEVER,
+    earlier=1,
+  ),
+  Field(
+    "ray.worker_gpus",
+    0.0,
+    number(0, note="GPUs a worker process takes; 0: its CPU"),
+    "GPUs each worker process takes (1 on a GPU cluster); 0: it runs on its CPU",
+    Shapes.NEVER,
+    earlier=0.0,
   ),
   # The device, for the planner.
   Field(

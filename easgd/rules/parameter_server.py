@@ -95,6 +95,12 @@ class ParameterServerRule(Rule):
   """A master and P workers; see the module docstring for the operations."""
 
   policy: ClassVar[clocks.Policy]
+  # Whether runtime=ray runs it: a worker process that joins restarts from the center
+  # with zeroed request fields (`serve_reset`).
+  ray = True
+  # Whether the tick program serves RESETs: a replay of a runtime=ray trace in which
+  # worker processes joined or left (easgd.train.runtimes.simulated sets it).
+  resets = False
   # elastic: EASGD exchange (True) or push/pull of gradients (False)
 
   @property
@@ -134,10 +140,16 @@ class ParameterServerRule(Rule):
   def init(self, params, rng):
     num_workers = self.hyper.num_workers
     workers = stack_workers(params, num_workers)
-    worker_opt = {field: jax.tree.map(jnp.zeros_like, workers) for field in self.request_fields()}
-    worker_opt["inner"] = optimizers.init_workers(self.inner, workers)
+    worker_opt = self.fresh_worker_opt(workers)
     center_opt = () if self.elastic else self.server_optimizer().init(model_state.trainable(params))
     return initial_state(rng, params, center_opt, workers, worker_opt, num_workers)
+
+  def fresh_worker_opt(self, workers):
+    """The optimizer state of workers `workers` (stacked) that start afresh: at step 0,
+    or joining (`serve_reset`)."""
+    worker_opt = {field: jax.tree.map(jnp.zeros_like, workers) for field in self.request_fields()}
+    worker_opt["inner"] = optimizers.init_workers(self.inner, workers)
+    return worker_opt
 
   def worker_params(self, state):
     return state.workers
@@ -248,6 +260,16 @@ class ParameterServerRule(Rule):
     center, center_opt, shared = carry
     return optax.apply_updates(center, _index(shared["pending"], j)), center_opt, shared
 
+  def serve_reset(self, carry, j):
+    """Worker j's process joins or leaves (runtime=ray): its row restarts from the
+    center, x_j <- x~, its request fields zero (its optimizer state: `step`)."""
+    center, center_opt, shared = carry
+    shared = dict(shared, workers=_set(shared["workers"], j, center))
+    for field in self.request_fields():
+      zeros = jax.tree.map(jnp.zeros_like, _index(shared[field], j))
+      shared[field] = _set(shared[field], j, zeros)
+    return center, center_opt, shared
+
   def serve(self, tick, key, start, carry):
     """The master's operations start, ..., num_ops - 1 of `tick`, in order, on
     carry = (center, center_opt, shared) (see `serve_read`). The tick program
@@ -256,15 +278,44 @@ class ParameterServerRule(Rule):
     def operation(n, carry):
       j = tick["op_worker"][n]
       op_key = jax.random.fold_in(key, n)
-      if self.policy != clocks.Policy.HOGWILD:
-        return self.serve_read(carry, j, op_key, locked=True)
+
+      def request(carry):
+        if self.policy != clocks.Policy.HOGWILD:
+          return self.serve_read(carry, j, op_key, locked=True)
+        return lax.cond(
+          tick["op_kind"][n] == ticks.OpKind.READ,
+          lambda: self.serve_read(carry, j, op_key, locked=False),
+          lambda: self.serve_write(carry, j),
+        )
+
+      if not self.resets:
+        return request(carry)
       return lax.cond(
-        tick["op_kind"][n] == ticks.OpKind.READ,
-        lambda: self.serve_read(carry, j, op_key, locked=False),
-        lambda: self.serve_write(carry, j),
+        tick["op_kind"][n] == ticks.OpKind.RESET,
+        lambda carry: self.serve_reset(carry, j),
+        request,
+        carry,
       )
 
     return lax.fori_loop(start, tick["num_ops"], operation, carry)
+
+  def _reset_inner(self, tick, first, count, workers, inner):
+    """Fresh optimizer state for this device's workers that a RESET of `tick` restarted."""
+    is_reset = (tick["op_kind"] == ticks.OpKind.RESET) & (
+      jnp.arange(tick["op_kind"].shape[0]) < tick["num_ops"]
+    )
+    restarted = (
+      jnp.zeros(self.hyper.num_workers, jnp.int32)
+      .at[tick["op_worker"]]
+      .max(is_reset.astype(jnp.int32))
+    )
+    own = lax.dynamic_slice_in_dim(restarted, first, count) > 0
+    fresh = self.fresh_worker_opt(workers)["inner"]
+    return jax.tree.map(
+      lambda new, old: jnp.where(own.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
+      fresh,
+      inner,
+    )
 
   def _master(self, tick, key, first, count, steps_done, center, center_opt, workers, worker_opt):
     shared = {"workers": workers, **{f: worker_opt[f] for f in self.request_fields()}}
@@ -294,6 +345,9 @@ class ParameterServerRule(Rule):
     )
     if deferred is not None:
       workers = self.apply_deferred(workers, deferred)
+    if self.resets:
+      inner = self._reset_inner(tick, first, count, workers, worker_opt["inner"])
+      worker_opt = dict(worker_opt, inner=inner)
     weight = stepping.astype(jnp.float32)
     totals = sum_over_workers(
       {
@@ -498,6 +552,9 @@ class AsyncLocalSGD(ParameterServerRule):
 
   def request_fields(self):
     return ("anchor",)
+
+  # A joining worker's anchor would be the center, not zero: runtime=ray leaves it out.
+  ray = False
 
   def init(self, params, rng):
     state = super().init(params, rng)

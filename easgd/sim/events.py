@@ -5,7 +5,10 @@
   * a worker's local step goes to the tick after that worker's previous event;
   * a master operation goes to the tick of the requester's previous event
     or later, never before the master's previous operation, after which it
-    is appended.
+    is appended;
+  * a RESET (a worker process joining or leaving) goes to the tick after
+    the worker's previous event or later, never before the master's
+    previous operation: no other event of that worker shares its tick.
 Local steps of different workers commute, so each tick's state is a
 consistent cut of the simulation, and `Tick.time` is the latest event in it.
 """
@@ -38,7 +41,7 @@ class TickPacker:
     """Places one event of `worker`: a local step (`local`) and/or a master operation
     (`op`); a served request also records its staleness, wait and bytes. Returns
     the index of the tick it falls in."""
-    index = self.index_of(worker, local, op is not None)
+    index = self.index_of(worker, local, op is not None, reset=op == OpKind.RESET)
     if index < self._released:
       raise ValueError(f"worker {worker}'s event falls in tick {index}, already released")
     if op is not None:
@@ -58,9 +61,11 @@ class TickPacker:
     tick.bytes_sent[worker] += sent
     return index
 
-  def index_of(self, worker: int, local: bool, op: bool) -> int:
+  def index_of(self, worker: int, local: bool, op: bool, reset: bool = False) -> int:
     """The tick an event of `worker` would fall in if it were emitted now."""
     last = self._last_tick[worker]
+    if reset:
+      return max(last + 1, self._last_op_tick)
     if not op:
       return last + 1
     return max(last + 1 if local else last, self._last_op_tick)

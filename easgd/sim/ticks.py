@@ -16,6 +16,9 @@ class OpKind(enum.IntEnum):
   EXCHANGE = 0  # a request served under the lock: read and write at once
   READ = 1  # Hogwild: the request reads the center on arrival
   WRITE = 2  # Hogwild: its increment lands one service time later
+  # A worker process (re)joins or leaves (runtime=ray, cluster.on_worker_loss): its row
+  # restarts from the center, x_j <- x~, with fresh optimizer state.
+  RESET = 3
 
 
 @dataclasses.dataclass

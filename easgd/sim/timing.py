@@ -55,6 +55,7 @@ class Cluster:
     values = config.to_dict()
     values["stragglers"] = tuple(values["stragglers"])
     values.pop("replay", None)  # a recorded order, not a timing (easgd.train.runtimes.trace)
+    values.pop("on_worker_loss", None)  # what runtime=ray does when a worker dies
     return cls(**values)
 
   def mean_step_times(self, num_workers: int) -> np.ndarray:

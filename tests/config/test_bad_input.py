@@ -95,6 +95,8 @@ FIELDS = {
   "cluster.server_bandwidth": (lambda v: _number(v) and v > 0, {}),
   "cluster.straggler_slowdown": (finite_at_least(1), {}),
   "cluster.servers": (integer_at_least(1), {"algorithm": "async_easgd"}),
+  "ray.servers": (integer_at_least(1), {"algorithm": "async_easgd", "runtime": "ray"}),
+  "ray.worker_gpus": (finite_at_least(0), {"algorithm": "async_easgd", "runtime": "ray"}),
   "device.memory": (finite_at_least(0), {}),
   "device.flops": (finite_at_least(0), {}),
 }

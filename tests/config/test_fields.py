@@ -65,6 +65,10 @@ def test_the_migration_hints_come_from_the_declarations():
     "outer.momentum_period": 1,
     "outer.momentum_activation": 0.0,
     "outer.dynamic_local_steps": False,
+    "cluster.on_worker_loss": "rejoin",
+    "ray.address": "",
+    "ray.servers": 1,
+    "ray.worker_gpus": 0.0,
   }
 
 

@@ -5,6 +5,8 @@ simulated: every rule, its workers stepping in the ticks of a schedule, one
   cluster.replay, from a recorded trace.
 threads: the parameter-server rules, each worker in its own host thread, for
   real, recording the trace that replays it.
+ray: the parameter-server rules, each worker a process (a Ray actor) on one
+  machine or a cluster, the center on server actors; the same trace.
 pipeline: config.algorithm=pipeline's models on a ring of devices.
 
 A runtime is chosen by config.runtime, except one that is its algorithms'
@@ -17,11 +19,13 @@ from easgd.config import schema
 from easgd.errors import ConfigError
 from easgd.train.runtimes.base import Runtime
 from easgd.train.runtimes.pipeline import PipelineRuntime
+from easgd.train.runtimes.ray_runtime import RayRuntime
 from easgd.train.runtimes.simulated import SimulatedRuntime
 from easgd.train.runtimes.threads import ThreadsRuntime
 
 RUNTIMES: dict[str, type[Runtime]] = {
-  runtime.name: runtime for runtime in (SimulatedRuntime, ThreadsRuntime, PipelineRuntime)
+  runtime.name: runtime
+  for runtime in (SimulatedRuntime, ThreadsRuntime, RayRuntime, PipelineRuntime)
 }
 
 

@@ -1,4 +1,4 @@
-"""The measured clock of runtime=threads."""
+"""The measured clock of runtime=threads and runtime=ray."""
 
 from easgd.sim.clocks import RunTotals
 from easgd.sim.events import TickPacker
@@ -15,7 +15,8 @@ class LiveClock(RunTotals):
     self.missed = [0] * num_workers  # writes by others since each worker's last read
     self.version = 0  # writes to the center
     self.turn = 0  # round robin: whose request is next
-    self.events = 0  # events in the trace
+    self.events = 0  # lines in the trace after its header
+    self.gone: list[int] = []  # runtime=ray: workers whose process left for good
 
   def state_dict(self) -> dict:
     return {
@@ -24,6 +25,7 @@ class LiveClock(RunTotals):
       "version": self.version,
       "turn": self.turn,
       "events": self.events,
+      "gone": list(self.gone),
       **self.packer.state_dict(),
     }
 
@@ -33,4 +35,5 @@ class LiveClock(RunTotals):
     self.version = int(state["version"])
     self.turn = int(state["turn"])
     self.events = int(state["events"])
+    self.gone = [int(j) for j in state.get("gone", ())]
     self.packer.load_state_dict(state)

@@ -122,8 +122,13 @@ class SimulatedRuntime(RuleRuntime):
   def trainee(self, state, clock_state, resumed_at) -> RuleTrainee:
     config = self.setup.config
     if config.cluster.replay:
+      replayed = trace.check_replay(config)
+      # A runtime=ray trace in which worker processes joined or left: the tick
+      # program serves their RESETs too.
+      resets = (kind == ticks.OpKind.RESET for tick in replayed for kind, _ in tick.ops)
+      self.rule.resets = any(resets)
       clock = trace.ReplayClock(
-        trace.check_replay(config), self.cluster, self.model_bytes, config.seed, self.sent_bytes
+        replayed, self.cluster, self.model_bytes, config.seed, self.sent_bytes
       )
     else:
       clock = self.rule.make_clock(self.cluster, self.model_bytes, config.seed, self.sent_bytes)

@@ -130,21 +130,16 @@ class ThreadsTrainee(RuleReports):
     self.devices = list(setup.mesh.devices.flat)
     self.per_device = config.workers // len(self.devices)
     rows = self._split(state, setup.train_images, setup.train_labels)
-    compiled = self._compile(rule, setup, rows)
     mean_times = cluster.mean_step_times(config.workers)
-    self.pool = Workers(
-      rule,
-      rows,
-      self.devices,
-      compiled,
-      clock,
-      trace,
-      sent_bytes,
-      mean_times / mean_times.min() - 1.0,
-      rule.periods(cluster),
-      self.cut,
-    )
+    pacing = (sent_bytes, mean_times / mean_times.min() - 1.0, rule.periods(cluster), self.cut)
+    self.pool = self._workers(rule, setup, rows, clock, trace, pacing)
     self.started = False  # the threads start at the first step
+
+  def _workers(self, rule: Rule, setup: setup_lib.Setup, rows: Rows, clock, trace, pacing):
+    """The workers and their master: on this host's devices, each worker's program
+    compiled for its device. pacing: Workers' (sent_bytes, delay_factor, periods, cut)."""
+    compiled = self._compile(rule, setup, rows)
+    return Workers(rule, rows, self.devices, compiled, clock, trace, *pacing)
 
   # Layout: the loop's sharded state <-> one row per worker on its device.
 
@@ -317,13 +312,13 @@ class ThreadsRuntime(RuleRuntime):
       not config.cluster.replay,
       "cluster.replay",
       config.cluster.replay,
-      "a replay drives runtime=simulated; runtime=threads records a new trace: leave it ''",
+      f"a replay drives runtime=simulated; runtime={cls.name} records a new trace: leave it ''",
     )
     require(
       not config.run.profile,
       "run.profile",
       config.run.profile,
-      "profiles the simulated runtime's tick programs; with runtime=threads leave it ''",
+      f"profiles the simulated runtime's tick programs; with runtime={cls.name} leave it ''",
     )
 
   def trainee(self, state, clock_state, resumed_at) -> ThreadsTrainee:

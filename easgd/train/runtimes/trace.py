@@ -1,4 +1,4 @@
-"""The record of a threads run (WORKDIR/trace.jsonl) and its replay as ticks.
+"""The record of a threads or ray run (WORKDIR/trace.jsonl) and its replay as ticks.
 
 One JSON object a line, each ending with its checksum, "sum" (below):
   {"kind": "header", "version": 2, "algorithm", "workers", "config": {field: value}}
@@ -11,6 +11,10 @@ One JSON object a line, each ending with its checksum, "sum" (below):
         op "exchange": a request served under the lock (read and write at
                        once);
         op "read" / "write": the two halves of a Hogwild request;
+        op "join" / "leave": runtime=ray's worker process (re)joins, or has
+                       left for good (cluster.on_worker_loss); either way its
+                       row restarts from the center: x_j <- x~, fresh
+                       optimizer state;
       "local": true when the worker's local step k comes with the event (a
       local step, or the request of an EASGD worker's exchange step, an
       exchange or a READ);
@@ -22,7 +26,11 @@ One JSON object a line, each ending with its checksum, "sum" (below):
       the others: an exchange step computes after its request), "time": seconds of
       training since the run began (pauses at evaluations and checkpoints
       left out), "tick": the tick it falls in;
-  {"kind": "end", "events": N, "ticks": T}: written when the run completes.
+  {"kind": "process", "worker": j, "pid": p, "host": h}
+      runtime=ray: worker j runs in process p on host h from here on (written
+      as each worker process starts, and again as one rejoins);
+  {"kind": "end", "events": N, "ticks": T}: written when the run completes;
+      N counts the lines between the header and it.
 
 The checksum chains each line to the one before it. A line's body is its
 JSON object without "sum", as json.dumps writes it; the line is the body with
@@ -59,7 +67,14 @@ from easgd.sim.ticks import OpKind, Tick
 
 FILE = "trace.jsonl"
 VERSION = 2
-OPS = {"local": None, "exchange": OpKind.EXCHANGE, "read": OpKind.READ, "write": OpKind.WRITE}
+OPS = {
+  "local": None,
+  "exchange": OpKind.EXCHANGE,
+  "read": OpKind.READ,
+  "write": OpKind.WRITE,
+  "join": OpKind.RESET,
+  "leave": OpKind.RESET,
+}
 
 
 def recorded_fields(config: ml_collections.ConfigDict) -> dict:
@@ -164,6 +179,13 @@ class Writer:
 
   def add(self, event: Event) -> None:
     self._file.write(self._chain.seal(event.record()))
+
+  def process(self, worker: int, pid: int, host: str) -> None:
+    """Worker `worker` runs in process `pid` on `host` from here on (a line, which the
+    run's count of events includes)."""
+    self._file.write(
+      self._chain.seal({"kind": "process", "worker": worker, "pid": pid, "host": host})
+    )
 
   def sync(self) -> None:
     self._file.flush()
@@ -293,13 +315,14 @@ class Trace:
   header: dict
   events: list[Event]
   ticks: int
+  processes: list[dict] = dataclasses.field(default_factory=list)  # runtime=ray's
 
 
 def read(path: str) -> Trace:
   """A complete trace; ConfigError (one line) for a missing, unreadable, cut,
   damaged or malformed one, naming the line where there is one."""
   name = f"cluster.replay={path!r}"
-  remedy = "give the trace.jsonl of a runtime=threads run of this version"
+  remedy = "give the trace.jsonl of a runtime=threads or ray run of this version"
   with contextlib.closing(_file_lines(path, name, remedy)) as file_lines:
     # The header first: a file that is not a trace is refused before the rest is read.
     first = next(file_lines, None)
@@ -336,8 +359,16 @@ def read(path: str) -> Trace:
       f"{name} is truncated: it has no end line (the run was stopped or the file cut); "
       "replay the trace of a run that completed"
     )
-  events = []
+  events, processes = [], []
   for number, record in enumerate(records[1:-1], 2):
+    if record.get("kind") == "process":
+      if not _process_record(record, workers):
+        raise ConfigError(
+          f"{name} is malformed at line {number}: not a process of one of its {workers} "
+          "workers (worker, pid, host)"
+        )
+      processes.append(record)
+      continue
     fields = {key: value for key, value in record.items() if key != "kind"}
     wrong = sorted(
       key
@@ -356,12 +387,22 @@ def read(path: str) -> Trace:
         f"type: {', '.join(wrong) or 'none'})"
       )
     events.append(Event(**fields))
-  if end.get("events") != len(events) or not _is_int(end.get("ticks")):
+  if end.get("events") != len(records) - 2 or not _is_int(end.get("ticks")):
     raise ConfigError(
       f"{name} is inconsistent: its end line counts {end.get('events')} events, "
-      f"it holds {len(events)}"
+      f"it holds {len(records) - 2}"
     )
-  return Trace(records[0], events, int(end["ticks"]))
+  return Trace(records[0], events, int(end["ticks"]), processes)
+
+
+def _process_record(record: dict, workers: int) -> bool:
+  return (
+    set(record) == {"kind", "worker", "pid", "host"}
+    and _is_int(record["worker"])
+    and 0 <= record["worker"] < workers
+    and _is_int(record["pid"])
+    and isinstance(record["host"], str)
+  )
 
 
 def check_replay(config: ml_collections.ConfigDict) -> list[Tick]:

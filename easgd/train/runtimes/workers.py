@@ -109,6 +109,7 @@ class Workers:
     self._paused = 0.0  # seconds parked at cuts (evaluations, checkpoints)
     self._paused_at: float | None = None
     self._sums = {"loss": 0.0, "accuracy": 0.0, "steps": 0}
+    self._before: list = [None] * self.num_workers  # `_snapshot`
     self._started = 0.0  # when `start` started the threads
     self._time_at_start = clock.time
     self.threads = [
@@ -186,25 +187,31 @@ class Workers:
   # The workers' side.
 
   def _worker(self, j: int) -> None:
-    step = self.steps[j]  # named in a failure
     try:
-      while True:
-        step = self.steps[j]
-        if self.rule.elastic:
-          self._elastic_step(j, exchange=(step + 1) % self.periods[j] == 0)
-        else:
-          self._sgd_step(j, push=(step + 1) % self.periods[j] == 0)
+      self._steps(j)
     except _Stop:
       return
     except BaseException as error:  # noqa: BLE001 (any failure stops the run, named)
       message = str(error).splitlines()[0] if str(error) else ""
-      with self.cond:
-        if self.failure is None:
-          self.failure = WorkerFailed(
-            f"worker {j} failed at its local step {step}: {type(error).__name__}: {message}"
-          )
-        self.stopping = True
-        self.cond.notify_all()
+      name = type(error).__name__
+      self._fail(f"worker {j} failed at its local step {self.steps[j]}: {name}: {message}")
+
+  def _fail(self, message: str) -> None:
+    """Stops the run with `message` (the first failure's), raised by the loop."""
+    with self.cond:
+      if self.failure is None:
+        self.failure = WorkerFailed(message)
+      self.stopping = True
+      self.cond.notify_all()
+
+  def _steps(self, j: int) -> None:
+    """Worker j's local steps and requests, until the run stops (_Stop)."""
+    while True:
+      step = self.steps[j]
+      if self.rule.elastic:
+        self._elastic_step(j, exchange=(step + 1) % self.periods[j] == 0)
+      else:
+        self._sgd_step(j, push=(step + 1) % self.periods[j] == 0)
 
   def _check_stop(self) -> None:
     if self.stopping:
@@ -225,18 +232,16 @@ class Workers:
   def _local_fits(self, j: int) -> bool:
     return self.clock.packer.index_of(j, True, False) <= self.limit
 
-  def _compute(self, j: int, at, opt, base, step: int):
-    """Worker j's local step `step` on its device (`_local_args`); returns
-    (x_j, worker_opt, loss, accuracy) once computed."""
+  def _timed(self, j: int, local_step) -> tuple[float, float]:
+    """Runs `local_step()` (a hook below), keeps its seconds as worker j's latest, and
+    delays a slower worker; returns its (loss, accuracy)."""
     started = time.perf_counter()
-    args = self._local_args(j, at, opt, base, step)
-    workers, opt, loss, accuracy = self.local[self._device_of(j)](*args)
-    loss, accuracy = float(loss[0]), float(accuracy[0])
+    loss, accuracy = local_step()
     seconds = time.perf_counter() - started
     self.compute_seconds[j] = seconds
     if self.delay_factor[j] > 0:
       time.sleep(self.delay_factor[j] * seconds)  # a slower worker, for real
-    return workers, opt, loss, accuracy
+    return loss, accuracy
 
   def _now(self) -> float:
     """Seconds of training: the time parked at cuts is left out."""
@@ -273,11 +278,10 @@ class Workers:
     """A local step without a request."""
     with self.cond:
       self._park_until(j, lambda: self._local_fits(j))
-    at = self.workers[j]
-    workers, opt, loss, accuracy = self._compute(j, at, self.worker_opt[j], at, self.steps[j])
+    step = self.steps[j]
+    loss, accuracy = self._timed(j, lambda: self._local_step(j, step))
     with self.cond:
       self._check_stop()
-      self.workers[j], self.worker_opt[j] = workers, opt
       self._commit_local(j, None, None)
       self._add_metrics(loss, accuracy)
 
@@ -287,15 +291,13 @@ class Workers:
       return
     # The request carries x_j from before the step, whose gradient is taken there
     # too; the step's update is added to the x_j - e of the answer.
-    step, before, opt_before = self.steps[j], self.workers[j], self.worker_opt[j]
+    step = self.steps[j]
+    self._snapshot(j)
     hogwild = self.rule.policy == clocks.Policy.HOGWILD
     if not self._serve(j, "read" if hogwild else "exchange", time.perf_counter(), local=True):
       return  # parked at the limit: the step is taken again, the same, when it rises
-    answered = self.worker_opt[j]
-    workers, opt, loss, accuracy = self._compute(j, before, opt_before, self.workers[j], step)
-    fields = {f: answered[f] for f in self.rule.request_fields()}
+    loss, accuracy = self._timed(j, lambda: self._exchange_local_step(j, step))
     with self.cond:
-      self.workers[j], self.worker_opt[j] = workers, dict(opt, **fields)
       self._add_metrics(loss, accuracy)
     if hogwild:
       self._serve(j, "write", time.perf_counter())
@@ -341,16 +343,10 @@ class Workers:
     return False
 
   def _operate(self, j, op, tick, position, wait, local) -> None:
-    """Runs worker j's operation on the center's device and records it (master lock held)."""
-    center_device = self.center_device
+    """Runs worker j's operation at the master and records it (master lock held)."""
     steps_done = self.steps[j] + 1 if local else self.steps[j]
-    row = jax.device_put(self._row(j, steps_done), center_device)
-    numbers = (np.int32(tick), np.int32(position), np.int32(trace_lib.OPS[op]))
     started = time.perf_counter()
-    center, center_opt, row = self.master_op(
-      self.center, self.center_opt, row, self.rng_on[center_device], *numbers
-    )
-    self.center, self.center_opt = jax.block_until_ready((center, center_opt))
+    answer = self._master_operation(j, op, tick, position, steps_done)
     service = time.perf_counter() - started
     if op == "write":
       with self.cond:
@@ -358,7 +354,6 @@ class Workers:
         self._emit(j, False, op, tick)
         self._record(j, op, False, tick, wrote=self.clock.version, service=service)
       return
-    row = jax.device_put(row, self._device_of(j))
     with self.cond:
       staleness, self.clock.missed[j] = self.clock.missed[j], 0
       record = {"staleness": staleness, "wait": wait, "read": self.clock.version}
@@ -366,15 +361,60 @@ class Workers:
       if op == "exchange":
         self._written(j)
         record["wrote"] = self.clock.version
-      fields = {f: row[f] for f in self.rule.request_fields()}
-      self.workers[j], self.worker_opt[j] = row["workers"], dict(self.worker_opt[j], **fields)
+      self._answer(j, answer)
       if local:
         self._commit_local(j, op, tick, **record)
       else:
         self._emit(j, False, op, tick, staleness, wait)
         self._record(j, op, False, tick, **record)
       if self.rule.policy == clocks.Policy.ROUND_ROBIN:
-        self.clock.turn = (j + 1) % self.num_workers
+        self.clock.turn = self._next_turn(j)
+
+  def _next_turn(self, j: int) -> int:
+    """Round robin: whose request follows worker j's."""
+    return (j + 1) % self.num_workers
+
+  # Where the workers' rows and the center are: on this host's devices. A runtime
+  # whose workers are elsewhere (easgd.train.runtimes.ray_workers) overrides these.
+
+  def _local_step(self, j: int, step: int) -> tuple[float, float]:
+    """Worker j's local step `step` at x_j, kept; returns its (loss, accuracy)."""
+    at = self.workers[j]
+    args = self._local_args(j, at, self.worker_opt[j], at, step)
+    self.workers[j], self.worker_opt[j], loss, accuracy = self.local[self._device_of(j)](*args)
+    return float(loss[0]), float(accuracy[0])
+
+  def _snapshot(self, j: int) -> None:
+    """Keeps x_j and worker j's optimizer state from before its exchange step."""
+    self._before[j] = (self.workers[j], self.worker_opt[j])
+
+  def _exchange_local_step(self, j: int, step: int) -> tuple[float, float]:
+    """The local step of an exchange step, at the snapshot, its update added to the
+    x_j - e of the answer; the answer's request fields kept."""
+    before, opt_before = self._before[j]
+    answered = self.worker_opt[j]
+    args = self._local_args(j, before, opt_before, self.workers[j], step)
+    workers, opt, loss, accuracy = self.local[self._device_of(j)](*args)
+    fields = {f: answered[f] for f in self.rule.request_fields()}
+    self.workers[j], self.worker_opt[j] = workers, dict(opt, **fields)
+    return float(loss[0]), float(accuracy[0])
+
+  def _master_operation(self, j: int, op: str, tick: int, position: int, steps_done: int):
+    """Worker j's operation `op`, the position-th of tick `tick`, on the center;
+    returns its answer for `_answer` (None for a WRITE)."""
+    center_device = self.center_device
+    row = jax.device_put(self._row(j, steps_done), center_device)
+    numbers = (np.int32(tick), np.int32(position), np.int32(trace_lib.OPS[op]))
+    center, center_opt, row = self.master_op(
+      self.center, self.center_opt, row, self.rng_on[center_device], *numbers
+    )
+    self.center, self.center_opt = jax.block_until_ready((center, center_opt))
+    return None if op == "write" else jax.device_put(row, self._device_of(j))
+
+  def _answer(self, j: int, row) -> None:
+    """Worker j takes the master's answer: its new x_j and request fields."""
+    fields = {f: row[f] for f in self.rule.request_fields()}
+    self.workers[j], self.worker_opt[j] = row["workers"], dict(self.worker_opt[j], **fields)
 
   def _emit(self, j, local, op, expected, staleness=-1, wait=0.0) -> int:
     """Places worker j's event into its tick (under self.cond)."""

@@ -32,7 +32,7 @@ def test_the_registry_picks_the_runtime_the_config_names_or_its_algorithm_needs(
 @pytest.mark.parametrize(
   ("algorithm", "runtime", "message"),
   [
-    ("sync_easgd", "mpi", r"^config.runtime='mpi' is invalid: valid: simulated, threads$"),
+    ("sync_easgd", "mpi", r"^config.runtime='mpi' is invalid: valid: simulated, threads, ray$"),
     ("sync_easgd", "pipeline", r"^config.runtime='pipeline' is invalid: valid: simulated, threads"),
     (
       "diloco",
@@ -96,7 +96,7 @@ def test_a_runtime_is_one_class_and_one_registry_line(tmp_path, monkeypatch):
   for a, b in zip(jax.tree.leaves(toy.state), jax.tree.leaves(plain.state), strict=True):
     assert np.array_equal(np.asarray(a), np.asarray(b))
   assert toy.metrics["eval/center_accuracy"] == plain.metrics["eval/center_accuracy"]
-  refusal = r"lockstep runs .*sync_easgd.*; async_easgd runs on simulated, threads$"
+  refusal = r"lockstep runs .*sync_easgd.*; async_easgd runs on simulated, threads, ray$"
   with pytest.raises(ConfigError, match=refusal):
     runtimes.select(config_with({"runtime": "lockstep"}, algorithm="async_easgd"))
 

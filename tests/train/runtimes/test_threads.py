@@ -128,14 +128,14 @@ def test_the_trace_holds_every_master_operation_in_order(tmp_path):
 
 @pytest.mark.e2e
 def test_a_failing_worker_stops_the_run_naming_it(tmp_path, monkeypatch):
-  compute = workers.Workers._compute
+  local_step = workers.Workers._local_step
 
-  def failing(self, j, at, opt, base, step):
+  def failing(self, j, step):
     if j == 1 and step == 5:
       raise FloatingPointError("injected")
-    return compute(self, j, at, opt, base, step)
+    return local_step(self, j, step)
 
-  monkeypatch.setattr(workers.Workers, "_compute", failing)
+  monkeypatch.setattr(workers.Workers, "_local_step", failing)
   config = _config("async_easgd", 2, **{"run.total_steps": 200})
   config.runtime = "threads"
   started = time.monotonic()

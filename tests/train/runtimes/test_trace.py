@@ -122,7 +122,7 @@ def test_every_damage_is_refused_in_one_line_naming_its_line(tmp_path):
       path.write_text(content)
     _refused(path, pattern)
   _refused(tmp_path / "nowhere.jsonl", r"=.*nowhere.jsonl' does not exist: give the trace.jsonl")
-  _refused(tmp_path, r"is a directory: give the trace.jsonl of a runtime=threads run")
+  _refused(tmp_path, r"is a directory: give the trace.jsonl of a runtime=threads or ray run")
 
 
 def _version_1(lines):

@@ -1,0 +1,247 @@
+"""The processes of runtime=ray: a worker's and a server's, and how the center's
+parameter blocks are split over the servers.
+
+Each is a plain class that `easgd.train.runtimes.ray_workers` starts as a Ray
+actor (one call at a time). Arrays cross between processes as NumPy, through
+Ray's object store; each process places them on its own device and runs the
+same compiled programs as runtime=threads (easgd.train.runtimes.threads.programs),
+so that a replay of the trace reaches the same bits.
+
+Blocks: the center's leaves (its parameter blocks) are dealt to S servers,
+the largest first, each to the server holding the fewest bytes so far, as
+parameter-server systems split a model. Server s holds its own leaves and,
+in place of every other leaf, a placeholder of ones-sized dimensions, so its
+master program is the whole model's with the others' blocks shrunk: every
+leaf's arithmetic, and the key each leaf's compression draws from, are those
+of the unsplit program. A request goes to every server with that server's
+blocks of the worker's row; the worker puts the answers' blocks together.
+"""
+
+import os
+import socket
+import time
+
+import jax
+import numpy as np
+
+from easgd.infra.compile import compile_program
+from easgd.rules import model_state
+from easgd.train.runtimes.threads import LOCAL_SPECS, MASTER_SPECS, on_device
+
+
+def placeholder(leaf) -> np.ndarray:
+  """What a server holds in place of a leaf another server owns: its dimensions
+  shrunk to at most 1 (a scalar stays a scalar)."""
+  return np.zeros(tuple(min(size, 1) for size in np.shape(leaf)), np.asarray(leaf).dtype)
+
+
+class Blocks:
+  """Which server owns each leaf of the center (module docstring)."""
+
+  def __init__(self, center, servers: int):
+    leaves, self.treedef = jax.tree.flatten(center)
+    if servers > len(leaves):
+      raise ValueError(f"{servers} servers for {len(leaves)} parameter blocks")
+    self.servers = servers
+    loads = [0] * servers
+    owners = [0] * len(leaves)
+    by_size = sorted(range(len(leaves)), key=lambda i: (-int(np.size(leaves[i])), i))
+    for i in by_size:
+      server = min(range(servers), key=lambda s: (loads[s], s))
+      owners[i] = server
+      loads[server] += int(np.size(leaves[i])) * np.asarray(leaves[i]).dtype.itemsize
+    self.owners = jax.tree.unflatten(self.treedef, owners)
+    self.loads = loads  # bytes each server holds
+
+  def part(self, tree, server: int):
+    """`tree` (the center's structure) as server `server` holds it."""
+    if self.servers == 1:
+      return tree
+    return jax.tree.map(
+      lambda leaf, owner: leaf if owner == server else placeholder(leaf), tree, self.owners
+    )
+
+  def join(self, parts):
+    """The tree put together from the servers' `parts` (as `part` splits it)."""
+    if self.servers == 1:
+      return parts[0]
+    return jax.tree.map(lambda owner, *leaves: leaves[owner], self.owners, *parts)
+
+  def _param_owners(self):
+    return model_state.trainable(self.owners)
+
+  def _map_opt(self, function, *states):
+    """`function(owners, *subtrees)` on every subtree of the master's optimizer states
+    shaped as the parameters; the other leaves (e.g. counts) from `states[0]`."""
+    owners = self._param_owners()
+    shape = jax.tree.structure(owners)
+
+    def params_shaped(node) -> bool:
+      return jax.tree.structure(node) == shape
+
+    first, *others = states
+    flat_others = [jax.tree.flatten(s, is_leaf=params_shaped)[0] for s in others]
+    nodes, treedef = jax.tree.flatten(first, is_leaf=params_shaped)
+    out = []
+    for i, node in enumerate(nodes):
+      if params_shaped(node) and shape.num_leaves > 1:
+        out.append(function(owners, node, *(flat[i] for flat in flat_others)))
+      else:
+        out.append(node)
+    return jax.tree.unflatten(treedef, out)
+
+  def opt_part(self, state, server: int):
+    """The master's optimizer state as server `server` holds it."""
+    if self.servers == 1:
+      return state
+
+    def part(owners, tree):
+      return jax.tree.map(
+        lambda leaf, owner: leaf if owner == server else placeholder(leaf), tree, owners
+      )
+
+    return self._map_opt(part, state)
+
+  def opt_join(self, parts):
+    """The master's optimizer state put together from the servers' parts."""
+    if self.servers == 1:
+      return parts[0]
+
+    def join(owners, *trees):
+      return jax.tree.map(lambda owner, *leaves: leaves[owner], owners, *trees)
+
+    return self._map_opt(join, *parts)
+
+  def row_part(self, row: dict, server: int) -> dict:
+    """A request's row (workers, its request fields, worker_steps) for server `server`."""
+    return {
+      key: value if key == "worker_steps" else self.part(value, server)
+      for key, value in row.items()
+    }
+
+  def row_join(self, parts: list[dict]) -> dict:
+    return {
+      key: parts[0][key] if key == "worker_steps" else self.join([p[key] for p in parts])
+      for key in parts[0]
+    }
+
+
+def _numpy(tree):
+  return jax.tree.map(np.asarray, tree)
+
+
+def where() -> tuple[int, str]:
+  """This process and its host."""
+  return os.getpid(), socket.gethostname()
+
+
+class WorkerProcess:
+  """Worker j in a process of its own: its row (x_j and its optimizer state), its
+  training partition and its compiled local step, on this process's first device."""
+
+  def __init__(self, j, local, row, images, labels, rng, fresh_opt, blocks, fields, platform):
+    """local: the local step (threads.programs); row: (x_j, worker_opt) as NumPy, each
+    leaf [1, ...]; fresh_opt: the optimizer state a joining worker starts with;
+    fields: the rule's request fields."""
+    self.j, self.blocks, self.fields = j, blocks, fields
+    self.device = jax.devices()[0]
+    put = self._put
+    self.workers, self.opt = put(row[0]), put(row[1])
+    self.fresh_opt = fresh_opt
+    self.images, self.labels, self.rng = put(images), put(labels), put(rng)
+    self.worker = put(np.asarray([j], np.int32))
+    self.before = None
+    args = self._args(self.workers, self.opt, 0, self.workers)
+    lowered = on_device(local, LOCAL_SPECS, self.device).lower(*args)
+    self.program = compile_program(lowered, platform)
+
+  def _put(self, tree):
+    return jax.device_put(tree, self.device)
+
+  def _args(self, at, opt, step: int, base):
+    steps = self._put(np.asarray([step], np.int32))
+    return (at, opt, steps, self.rng, self.images, self.labels, self.worker, base)
+
+  def where(self) -> tuple[int, str]:
+    return where()
+
+  def local_step(self, step: int) -> tuple[float, float]:
+    """Its local step `step` at x_j, kept; (loss, accuracy)."""
+    args = self._args(self.workers, self.opt, step, self.workers)
+    self.workers, self.opt, loss, accuracy = self.program(*args)
+    return float(loss[0]), float(accuracy[0])
+
+  def snapshot(self) -> None:
+    """Keeps x_j and its optimizer state from before its exchange step."""
+    self.before = (self.workers, self.opt)
+
+  def request(self, steps_done: int):
+    """What a request carries to each server (one part a server), and True: a small
+    value the driver waits on to tell a lost worker from a lost server."""
+    row = {"workers": self.workers, **{f: self.opt[f] for f in self.fields}}
+    row["worker_steps"] = np.asarray([steps_done], np.int32)
+    row = _numpy(row)
+    return (True, *(self.blocks.row_part(row, s) for s in range(self.blocks.servers)))
+
+  def answer(self, *parts) -> None:
+    """Takes the servers' answer: the new x_j and request fields."""
+    row = self._put(self.blocks.row_join(list(parts)))
+    self.workers = row["workers"]
+    self.opt = dict(self.opt, **{f: row[f] for f in self.fields})
+
+  def exchange_step(self, step: int) -> tuple[float, float]:
+    """The local step of an exchange step: at the snapshot, its update added to the
+    answer's x_j - e; the answer's request fields kept."""
+    before, opt_before = self.before
+    args = self._args(before, opt_before, step, self.workers)
+    workers, opt, loss, accuracy = self.program(*args)
+    self.workers, self.opt = workers, dict(opt, **{f: self.opt[f] for f in self.fields})
+    return float(loss[0]), float(accuracy[0])
+
+  def join(self, *center_parts) -> None:
+    """Restarts from the center (`easgd.rules.parameter_server`'s RESET): x_j <- x~,
+    fresh optimizer state."""
+    center = self.blocks.join(list(center_parts))
+    self.workers = self._put(jax.tree.map(lambda leaf: np.asarray(leaf)[None], center))
+    self.opt = self._put(self.fresh_opt)
+
+  def row(self):
+    """(x_j, its optimizer state) as NumPy, for a checkpoint or an evaluation."""
+    return _numpy((self.workers, self.opt))
+
+
+class ServerProcess:
+  """One server: its blocks of the center and of the master's optimizer state, and
+  the master's operation compiled for them on this process's first device."""
+
+  def __init__(self, master, center, center_opt, row, rng, platform):
+    self.device = jax.devices()[0]
+    self.center = jax.device_put(center, self.device)
+    self.center_opt = jax.device_put(center_opt, self.device)
+    self.rng = jax.device_put(rng, self.device)
+    numbers = [jax.device_put(np.int32(0), self.device)] * 3
+    args = (self.center, self.center_opt, jax.device_put(row, self.device), self.rng, *numbers)
+    lowered = on_device(master, MASTER_SPECS, self.device).lower(*args)
+    self.program = compile_program(lowered, platform)
+
+  def where(self) -> tuple[int, str]:
+    return where()
+
+  def operate(self, row, tick: int, position: int, kind: int):
+    """One master operation on its blocks; (the answered row, seconds it took)."""
+    started = time.perf_counter()
+    numbers = (np.int32(tick), np.int32(position), np.int32(kind))
+    center, center_opt, row = self.program(
+      self.center, self.center_opt, jax.device_put(row, self.device), self.rng, *numbers
+    )
+    self.center, self.center_opt = jax.block_until_ready((center, center_opt))
+    answer = _numpy(row)
+    return answer, time.perf_counter() - started
+
+  def state(self):
+    """Its blocks of the center and of the master's optimizer state, as NumPy."""
+    return _numpy((self.center, self.center_opt))
+
+  def center_part(self):
+    """Its blocks of the center, as NumPy (what a joining worker starts from)."""
+    return _numpy(self.center)

@@ -1,0 +1,275 @@
+"""runtime=ray: the parameter-server rules with every worker in a process of its own.
+
+The workers and the servers are Ray actors (easgd.train.runtimes.ray_workers):
+on one machine an embedded Ray that the run starts and ends (`ray.init()`),
+on a cluster the one at config.ray.address ("auto": the cluster this node
+joined with `ray start`; '' also reads RAY_ADDRESS). The loop's side is
+runtime=threads' (the trainee below is its trainee with other workers): the
+same consistent cuts at the loop's log, evaluation and checkpoint steps, the
+same trace, which `cluster.replay` drives the simulated runtime through to
+the same bits.
+
+Ray is imported only by a run that uses it: other runs do not pay for its
+import, and a missing Ray is refused in one line.
+"""
+
+import importlib.util
+import os
+import socket
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from easgd.data import augment as augment_lib
+from easgd.errors import ConfigError, require
+from easgd.rules import RULES
+from easgd.train.runtimes.rule_runtime import parameter_server_rules
+from easgd.train.runtimes.threads import ThreadsRuntime, ThreadsTrainee, programs
+
+# Seconds to reach a cluster's address before it is called unreachable.
+CONNECT_TIMEOUT = 5.0
+# The root that holds the easgd package: the actors' processes import it from there.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+
+
+def ray_rules() -> tuple[str, ...]:
+  return tuple(name for name in parameter_server_rules() if RULES[name].ray)
+
+
+def _numpy(tree):
+  return jax.tree.map(np.asarray, tree)
+
+
+def check_address(config: ml_collections.ConfigDict) -> str:
+  """The address to connect to (config.ray.address, else RAY_ADDRESS; '' for an
+  embedded Ray); ConfigError (one line) for a HOST:PORT that cannot be reached."""
+  address = config.ray.address or os.environ.get("RAY_ADDRESS", "")
+  if address and address != "auto":
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+      socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
+    except (OSError, ValueError) as error:
+      raise ConfigError(
+        f"config.ray.address={address!r} is unreachable ({type(error).__name__}: {error}): "
+        "give HOST:PORT of a running Ray head (ray start --head), 'auto' for the cluster "
+        "this node joined, or '' for an embedded one"
+      ) from None
+  return address
+
+
+def connect(config: ml_collections.ConfigDict) -> bool:
+  """Connects this process to Ray (config.ray.address), or starts an embedded one;
+  True if it started one (which the run shuts down). ConfigError (one line) for an
+  address that cannot be reached."""
+  import ray  # noqa: PLC0415 (module docstring)
+
+  if ray.is_initialized():
+    return False
+  address = check_address(config)
+  try:
+    ray.init(
+      address=address or None, include_dashboard=False, log_to_driver=False, logging_level="ERROR"
+    )
+  except (ConnectionError, RuntimeError, ValueError) as error:
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    raise ConfigError(
+      f"config.ray.address={address!r}: Ray could not connect ({first}); give HOST:PORT of "
+      "a running Ray head, 'auto' for the cluster this node joined, or '' for an embedded one"
+    ) from None
+  return not address
+
+
+class RayTrainee(ThreadsTrainee):
+  """runtime=threads' trainee, its workers and servers Ray actors."""
+
+  def __init__(self, *args, started_ray: bool, **kwargs):
+    self.started_ray = started_ray
+    super().__init__(*args, **kwargs)
+
+  def _workers(self, rule, setup, rows, clock, trace, pacing):
+    import ray  # noqa: PLC0415 (module docstring)
+
+    from easgd.train.runtimes import ray_actors, ray_workers  # noqa: PLC0415 (they import ray)
+
+    config = setup.config
+    augment = augment_lib.get(config.data.augment)
+    local, master = programs(rule, setup.loss_fn, config.data.batch_size, augment)
+    gpus = config.ray.worker_gpus
+    platform = "gpu" if gpus else "cpu"
+    options = {"num_cpus": 0, "runtime_env": {"env_vars": _actor_environment(gpus)}}
+    center, center_opt = _numpy(rows.center), _numpy(rows.center_opt)
+    blocks = ray_actors.Blocks(center, config.ray.servers)
+    fields = rule.request_fields()
+    row = {"workers": _numpy(rows.workers[0]), **{f: _numpy(rows.worker_opt[0][f]) for f in fields}}
+    row["worker_steps"] = np.zeros(1, np.int32)
+    rng = np.asarray(jax.device_get(self.rng))
+    server_class = ray.remote(ray_actors.ServerProcess).options(max_restarts=0, **options)
+    servers = [
+      server_class.remote(
+        master,
+        blocks.part(center, s),
+        blocks.opt_part(center_opt, s),
+        blocks.row_part(row, s),
+        rng,
+        "cpu",
+      )
+      for s in range(config.ray.servers)
+    ]
+    fresh_opt = _numpy(jax.jit(rule.fresh_worker_opt)(rows.workers[0]))
+    restarts = -1 if config.cluster.on_worker_loss == "rejoin" else 0
+    worker_class = ray.remote(ray_actors.WorkerProcess).options(
+      max_restarts=restarts, max_task_retries=0, num_gpus=gpus, **options
+    )
+    # A restarted worker's process is built again from its constructor's arguments: they
+    # are put in the object store here and held until the run ends, so that they outlive
+    # the first construction.
+    arguments = [
+      None
+      if j in clock.gone
+      else [
+        ray.put(argument)
+        for argument in (
+          j,
+          local,
+          (_numpy(rows.workers[j]), _numpy(rows.worker_opt[j])),
+          _numpy(rows.images[j]),
+          _numpy(rows.labels[j]),
+          rng,
+          fresh_opt,
+          blocks,
+          fields,
+          platform,
+        )
+      ]
+      for j in range(config.workers)
+    ]
+    actors = [None if held is None else worker_class.remote(*held) for held in arguments]
+    try:
+      ray.get([server.where.remote() for server in servers])
+      places = ray.get([actor.where.remote() for actor in actors if actor is not None])
+    except ray.exceptions.RayError as error:
+      for handle in [*servers, *actors]:
+        if handle is not None:
+          ray.kill(handle, no_restart=True)
+      first = str(error).strip().splitlines()[-1] if str(error).strip() else ""
+      raise RuntimeError(f"the worker and server processes did not start: {first}") from None
+    live = [j for j, actor in enumerate(actors) if actor is not None]
+    for j, (pid, host) in zip(live, places, strict=True):
+      trace.process(j, pid, host)
+      clock.events += 1
+      logging.info("worker %d runs in process %d on %s", j, pid, host)
+    pool = ray_workers.RayWorkers(
+      actors,
+      servers,
+      blocks,
+      fresh_opt,
+      config.cluster.on_worker_loss,
+      rule,
+      rows,
+      self.devices,
+      (None, None),
+      clock,
+      trace,
+      *pacing,
+    )
+    pool.held = arguments
+    return pool
+
+  def log(self, step, train_seconds):
+    values = super().log(step, train_seconds)
+    live = self.setup.config.workers - len(self.pool.clock.gone)
+    self.writer.scalars(step, {"ray/live_workers": float(live)})
+    return values
+
+  def close(self):
+    try:
+      super().close()
+    finally:
+      if self.started_ray:
+        import ray  # noqa: PLC0415 (module docstring)
+
+        ray.shutdown()
+
+
+def _actor_environment(gpus: float) -> dict[str, str]:
+  """The environment of the actors' processes: this package importable, one device a
+  process (the CPU's, unless they have GPUs)."""
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+  path = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+  environment = {"XLA_FLAGS": " ".join(flags), "PYTHONPATH": path}
+  if not gpus:
+    environment["JAX_PLATFORMS"] = "cpu"
+  return environment
+
+
+class RayRuntime(ThreadsRuntime):
+  """The parameter-server rules, each worker a Ray actor process, the center on
+  config.ray.servers server actors."""
+
+  name = "ray"
+  spans_processes = False  # this process drives them; Ray spans the hosts
+  streams = False
+  reads = ("ray.address", "ray.servers", "ray.worker_gpus", "cluster.on_worker_loss")
+
+  @classmethod
+  def algorithms(cls) -> tuple[str, ...]:
+    return ray_rules()
+
+  @classmethod
+  def runs(cls) -> str:
+    return f"the parameter-server rules ({', '.join(ray_rules())})"
+
+  @classmethod
+  def check(cls, config: ml_collections.ConfigDict) -> None:
+    super().check(config)
+    if importlib.util.find_spec("ray") is None:
+      raise ConfigError(
+        "config.runtime='ray' needs the package ray, which is not installed: "
+        "pip install -r requirements.txt"
+      )
+    check_address(config)
+
+  def describe(self) -> str:
+    config = self.setup.config
+    servers = f"{config.ray.servers} server{'s' if config.ray.servers > 1 else ''}"
+    return f"{config.algorithm}: {config.workers} worker processes, {servers} (Ray)"
+
+  def trainee(self, state, clock_state, resumed_at) -> RayTrainee:
+    import ray  # noqa: PLC0415 (module docstring)
+
+    config = self.setup.config
+    blocks = len(jax.tree.leaves(state.center))
+    require(
+      config.ray.servers <= blocks,
+      "ray.servers",
+      config.ray.servers,
+      f"the center is split by parameter blocks, and {config.model} has {blocks}: "
+      f"at most {blocks} servers",
+    )
+    started = connect(config)
+    try:
+      wanted = config.workers * config.ray.worker_gpus
+      have = ray.cluster_resources().get("GPU", 0.0)
+      require(
+        wanted <= have,
+        "ray.worker_gpus",
+        config.ray.worker_gpus,
+        f"{config.workers} workers would take {wanted:g} GPUs; the Ray cluster has {have:g}",
+      )
+      return RayTrainee(
+        self.setup,
+        self.rule,
+        state,
+        self.cluster,
+        self.sent_bytes,
+        clock_state,
+        resumed_at,
+        started_ray=started,
+      )
+    except BaseException:
+      if started:
+        ray.shutdown()
+      raise

@@ -1,0 +1,204 @@
+"""runtime=ray: each worker a process of its own (a Ray actor), the center on server
+actors; the trace it records replays to the same bits, a worker process killed
+mid-run rejoins, leaves or stops the run, a killed server stops it in one line.
+
+The runs share one embedded Ray (started by the first, ended after the last),
+as a cluster the runs connect to does."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from easgd.errors import ConfigError, WorkerFailed
+from easgd.train import trainer
+from easgd.train.runtimes import ray_workers, trace
+from runs import config_with, read_state
+
+ray = pytest.importorskip("ray")
+
+# 24 ticks of the MLP on 2 workers, checkpoints at 12 and 24.
+RUN = {
+  "model": "mlp",
+  "outer.moving_rate": 0.2,
+  "run.total_steps": 24,
+  "run.log_every": 12,
+  "run.eval_every": 12,
+  "run.checkpoint_every": 12,
+}
+
+
+@pytest.fixture(scope="module")
+def embedded_ray():
+  ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+  yield
+  ray.shutdown()
+
+
+def _config(algorithm, workers=2, **overrides):
+  values = {**RUN, "run.devices": workers, **overrides}
+  return config_with(values, algorithm=algorithm, workers=workers)
+
+
+def _replay(config, real, replay):
+  """Replays the trace recorded in `real` into `replay`, under runtime=simulated."""
+  config = config.copy_and_resolve_references()
+  config.runtime = "simulated"
+  for field in ("ray.servers", "cluster.on_worker_loss"):  # only runtime=ray reads them
+    group, name = field.split(".")
+    config[group][name] = config_with()[group][name]
+  config.cluster.replay = str(real / trace.FILE)
+  trainer.train_and_evaluate(config, str(replay))
+
+
+def _assert_same_bits(a_dir, b_dir, step):
+  a = read_state(a_dir / "checkpoints" / str(step) / "state")
+  b = read_state(b_dir / "checkpoints" / str(step) / "state")
+  assert len(a) == len(b) > 10
+  for x, y in zip(a, b, strict=True):
+    assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+  ("algorithm", "servers", "overrides"),
+  [
+    ("async_easgd", 1, {}),  # first come, first served
+    ("original_easgd", 2, {}),  # round robin, the center split over two servers
+    ("hogwild_easgd", 2, {"cluster.stragglers": (1,), "cluster.straggler_slowdown": 3.0}),
+    ("async_msgd", 2, {"optimizer.momentum": 0.9}),  # the master's momentum, split
+  ],
+)
+def test_a_recorded_run_replays_to_the_same_bits(
+  tmp_path, embedded_ray, algorithm, servers, overrides
+):
+  config = _config(algorithm, **{"runtime": "ray", "ray.servers": servers, **overrides})
+  real, replay = tmp_path / "real", tmp_path / "replay"
+  trainer.train_and_evaluate(config, str(real))
+  _replay(config, real, replay)
+  for step in (12, 24):
+    _assert_same_bits(real, replay, step)
+  recorded = trace.read(str(real / trace.FILE))
+  # Each worker ran in a process of its own, not this one.
+  pids = {p["worker"]: p["pid"] for p in recorded.processes}
+  assert sorted(pids) == [0, 1] and len(set(pids.values())) == 2 and os.getpid() not in pids
+  assert {e.op for e in recorded.events} >= {"local"}
+
+
+def _killing(monkeypatch, worker: int, at_step: int):
+  """Kills worker `worker`'s process (SIGKILL) as it is about to take local step
+  `at_step`."""
+  local_step = ray_workers.RayWorkers._local_step
+  killed = []
+
+  def kill_then_step(self, j, step):
+    if j == worker and step == at_step and not killed:
+      pid, _ = ray.get(self.actors[j].where.remote())
+      os.kill(pid, signal.SIGKILL)
+      killed.append(pid)
+    return local_step(self, j, step)
+
+  monkeypatch.setattr(ray_workers.RayWorkers, "_local_step", kill_then_step)
+  return killed
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("on_loss", ["rejoin", "continue"])
+def test_a_killed_worker_process_rejoins_or_leaves_and_the_run_replays(
+  tmp_path, embedded_ray, monkeypatch, on_loss
+):
+  config = _config(
+    "async_measgd",
+    **{
+      "runtime": "ray",
+      "optimizer.momentum": 0.9,
+      "cluster.on_worker_loss": on_loss,
+      "run.total_steps": 36,
+    },
+  )
+  killed = _killing(monkeypatch, worker=1, at_step=9)
+  real, replay = tmp_path / "real", tmp_path / "replay"
+  result = trainer.train_and_evaluate(config, str(real))
+  assert killed and np.isfinite(result.metrics["eval/center_accuracy"])
+  recorded = trace.read(str(real / trace.FILE))
+  ops = [e.op for e in recorded.events if e.worker == 1]
+  worker_1 = [p["pid"] for p in recorded.processes if p["worker"] == 1]
+  if on_loss == "rejoin":
+    assert "join" in ops and ops.index("join") < len(ops) - 1  # it stepped again after
+    assert len(worker_1) == 2 and worker_1[0] == killed[0] != worker_1[1]
+  else:
+    assert ops[-1] == "leave" and len(worker_1) == 1
+  monkeypatch.undo()
+  _replay(config, real, replay)
+  for step in (12, 24, 36):
+    _assert_same_bits(real, replay, step)
+
+
+@pytest.mark.e2e
+def test_a_killed_worker_under_stop_and_a_killed_server_stop_the_run_in_one_line(
+  tmp_path, embedded_ray, monkeypatch
+):
+  config = _config(
+    "async_easgd", **{"runtime": "ray", "cluster.on_worker_loss": "stop", "run.total_steps": 400}
+  )
+  _killing(monkeypatch, worker=0, at_step=5)
+  with pytest.raises(WorkerFailed, match=r"^worker 0's process died at its local step 5 ") as error:
+    trainer.train_and_evaluate(config, str(tmp_path / "worker"))
+  assert "\n" not in str(error.value)
+  monkeypatch.undo()
+
+  operate = ray_workers.RayWorkers._master_operation
+
+  def kill_server_then_operate(self, j, op, tick, position, steps_done):
+    if tick >= 6 and not getattr(self, "killed", False):
+      self.killed = True
+      pid, _ = ray.get(self.servers[0].where.remote())
+      os.kill(pid, signal.SIGKILL)
+    return operate(self, j, op, tick, position, steps_done)
+
+  monkeypatch.setattr(ray_workers.RayWorkers, "_master_operation", kill_server_then_operate)
+  started = time.monotonic()
+  with pytest.raises(WorkerFailed, match=r"^server 0's process died") as error:
+    trainer.train_and_evaluate(config, str(tmp_path / "server"))
+  assert "\n" not in str(error.value) and time.monotonic() - started < 120
+
+
+def _refused(config, pattern):
+  with pytest.raises(ConfigError, match=pattern) as error:
+    trainer.check(config)
+  assert "\n" not in str(error.value)
+
+
+def test_ray_is_refused_for_what_it_does_not_run():
+  sync = _config("sync_easgd", runtime="ray")
+  _refused(sync, r"^config.runtime='ray' is invalid: ray runs the parameter-server rules")
+  pipeline = _config("pipeline", runtime="ray")
+  _refused(pipeline, r"^config.runtime='ray' is invalid")
+  local_sgd = _config("async_local_sgd", runtime="ray")
+  _refused(local_sgd, r"async_local_sgd runs on simulated, threads")
+  replay = _config("async_easgd", runtime="ray", **{"cluster.replay": "trace.jsonl"})
+  _refused(replay, r"runtime=ray records a new trace")
+  unreachable = _config("async_easgd", runtime="ray", **{"ray.address": "127.0.0.1:1"})
+  _refused(unreachable, r"^config.ray.address='127.0.0.1:1' is unreachable \(ConnectionRefused")
+  for field, value in [("ray.servers", 2), ("ray.address", "auto"), ("ray.worker_gpus", 1.0)]:
+    threads = _config("async_easgd", runtime="threads", **{field: value})
+    _refused(threads, rf"^config.{field}=.* only the ray runtime reads it")
+  _refused(_config("async_easgd", runtime="ray", **{"ray.servers": 0}), r"^config.ray.servers=0")
+  bad_policy = _config("async_easgd", runtime="ray", **{"cluster.on_worker_loss": "retry"})
+  _refused(bad_policy, r"^config.cluster.on_worker_loss='retry' is invalid")
+
+
+@pytest.mark.e2e  # sets up a run (the data, the model) up to its first write
+def test_what_only_a_run_can_check_is_refused_before_anything_is_written(tmp_path):
+  for overrides, pattern in [
+    ({"ray.servers": 7}, r"^config.ray.servers=7 is invalid: .* mlp has 6: at most 6 servers"),
+    ({"ray.worker_gpus": 1.0}, r"^config.ray.worker_gpus=1.0 is invalid: 2 workers would take"),
+  ]:
+    workdir = tmp_path / str(len(list(tmp_path.iterdir())))
+    config = _config("async_easgd", runtime="ray", **overrides)
+    with pytest.raises(ConfigError, match=pattern) as error:
+      trainer.train_and_evaluate(config, str(workdir))
+    assert "\n" not in str(error.value)
+    assert not [path for path in workdir.rglob("*") if path.is_file()]  # nothing written
