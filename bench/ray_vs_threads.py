@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from easgd.configs import default
+from easgd.infra import sharding
 from easgd.train import trainer
 from easgd.train.runtimes import trace
 
@@ -68,6 +69,7 @@ def main() -> None:
   parser.add_argument("--workers", type=int, default=2)
   parser.add_argument("--repeats", type=int, default=2)
   args = parser.parse_args()
+  sharding.configure_cpu_devices(args.workers)  # threads: a device a worker, as ray has
   import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)
 
   ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")

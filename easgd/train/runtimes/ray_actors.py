@@ -3,9 +3,11 @@ parameter blocks are split over the servers.
 
 Each is a plain class that `easgd.train.runtimes.ray_workers` starts as a Ray
 actor (one call at a time). Arrays cross between processes as NumPy, through
-Ray's object store; each process places them on its own device and runs the
-same compiled programs as runtime=threads (easgd.train.runtimes.threads.programs),
-so that a replay of the trace reaches the same bits.
+Ray's object store; each process builds runtime=threads' programs
+(easgd.train.runtimes.threads.programs) from the run's configuration and its
+dataset's statistics (`Recipe`: functions are not sent, as the models'
+custom gradients do not pickle), places the arrays on its own device and runs
+them, so that a replay of the trace reaches the same bits.
 
 Blocks: the center's leaves (its parameter blocks) are dealt to S servers,
 the largest first, each to the server holding the fewest bytes so far, as
@@ -17,16 +19,50 @@ of the unsplit program. A request goes to every server with that server's
 blocks of the worker's row; the worker puts the answers' blocks together.
 """
 
+import dataclasses
 import os
 import socket
 import time
 
 import jax
+import ml_collections
 import numpy as np
 
+from easgd import models, steps
+from easgd.data import augment as augment_lib
 from easgd.infra.compile import compile_program
-from easgd.rules import model_state
-from easgd.train.runtimes.threads import LOCAL_SPECS, MASTER_SPECS, on_device
+from easgd.rules import Hyper, make_rule, model_state
+from easgd.train.runtimes.threads import LOCAL_SPECS, MASTER_SPECS, on_device, programs
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """What a process builds the run's local step and master operation from."""
+
+  config: dict  # the run's configuration, as a dict
+  num_classes: int
+  max_value: float  # the dataset's: inputs are normalised as (image/max_value - mean)/std
+  mean: tuple
+  std: tuple
+
+  def programs(self):
+    """(the local step, the master's operation), as runtime=threads' `programs`."""
+    config = ml_collections.ConfigDict(self.config)
+    model = models.get_model(config.model, self.num_classes, config.dtype)
+    statistics = Statistics(self.max_value, np.asarray(self.mean), np.asarray(self.std))
+    loss_fn = steps.make_loss_fn(model, steps.make_normalize(statistics))
+    rule = make_rule(config.algorithm, Hyper.from_config(config))
+    augment = augment_lib.get(config.data.augment)
+    return programs(rule, loss_fn, config.data.batch_size, augment)
+
+
+@dataclasses.dataclass(frozen=True)
+class Statistics:
+  """A dataset's statistics that normalising its images reads (easgd.steps.make_normalize)."""
+
+  max_value: float
+  mean: np.ndarray
+  std: np.ndarray
 
 
 def placeholder(leaf) -> np.ndarray:
@@ -139,10 +175,11 @@ class WorkerProcess:
   """Worker j in a process of its own: its row (x_j and its optimizer state), its
   training partition and its compiled local step, on this process's first device."""
 
-  def __init__(self, j, local, row, images, labels, rng, fresh_opt, blocks, fields, platform):
-    """local: the local step (threads.programs); row: (x_j, worker_opt) as NumPy, each
-    leaf [1, ...]; fresh_opt: the optimizer state a joining worker starts with;
-    fields: the rule's request fields."""
+  def __init__(self, j, recipe, row, images, labels, rng, fresh_opt, blocks, fields, platform):
+    """recipe: what it builds its local step from (`Recipe`); row: (x_j, worker_opt) as
+    NumPy, each leaf [1, ...]; fresh_opt: the optimizer state a joining worker starts
+    with; fields: the rule's request fields."""
+    local, _ = recipe.programs()
     self.j, self.blocks, self.fields = j, blocks, fields
     self.device = jax.devices()[0]
     put = self._put
@@ -214,7 +251,8 @@ class ServerProcess:
   """One server: its blocks of the center and of the master's optimizer state, and
   the master's operation compiled for them on this process's first device."""
 
-  def __init__(self, master, center, center_opt, row, rng, platform):
+  def __init__(self, recipe, center, center_opt, row, rng, platform):
+    _, master = recipe.programs()
     self.device = jax.devices()[0]
     self.center = jax.device_put(center, self.device)
     self.center_opt = jax.device_put(center_opt, self.device)

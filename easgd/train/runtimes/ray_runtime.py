@@ -22,11 +22,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from easgd.data import augment as augment_lib
 from easgd.errors import ConfigError, require
 from easgd.rules import RULES
 from easgd.train.runtimes.rule_runtime import parameter_server_rules
-from easgd.train.runtimes.threads import ThreadsRuntime, ThreadsTrainee, programs
+from easgd.train.runtimes.threads import ThreadsRuntime, ThreadsTrainee
 
 # Seconds to reach a cluster's address before it is called unreachable.
 CONNECT_TIMEOUT = 5.0
@@ -94,8 +93,14 @@ class RayTrainee(ThreadsTrainee):
     from easgd.train.runtimes import ray_actors, ray_workers  # noqa: PLC0415 (they import ray)
 
     config = setup.config
-    augment = augment_lib.get(config.data.augment)
-    local, master = programs(rule, setup.loss_fn, config.data.batch_size, augment)
+    dataset = setup.dataset
+    recipe = ray_actors.Recipe(
+      config.to_dict(),
+      dataset.num_classes,
+      float(dataset.max_value),
+      tuple(np.asarray(dataset.mean, np.float64).ravel().tolist()),
+      tuple(np.asarray(dataset.std, np.float64).ravel().tolist()),
+    )
     gpus = config.ray.worker_gpus
     platform = "gpu" if gpus else "cpu"
     options = {"num_cpus": 0, "runtime_env": {"env_vars": _actor_environment(gpus)}}
@@ -108,7 +113,7 @@ class RayTrainee(ThreadsTrainee):
     server_class = ray.remote(ray_actors.ServerProcess).options(max_restarts=0, **options)
     servers = [
       server_class.remote(
-        master,
+        recipe,
         blocks.part(center, s),
         blocks.opt_part(center_opt, s),
         blocks.row_part(row, s),
@@ -132,7 +137,7 @@ class RayTrainee(ThreadsTrainee):
         ray.put(argument)
         for argument in (
           j,
-          local,
+          recipe,
           (_numpy(rows.workers[j]), _numpy(rows.worker_opt[j])),
           _numpy(rows.images[j]),
           _numpy(rows.labels[j]),
