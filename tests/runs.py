@@ -62,6 +62,15 @@ def read_state(path) -> list[np.ndarray]:
   return [np.asarray(leaf) for leaf in jax.tree.leaves(restored)]
 
 
+def assert_same_bits(a_dir, b_dir, step: int) -> None:
+  """The checkpoints of step `step` in workdirs `a_dir` and `b_dir` hold the same bytes."""
+  a = read_state(a_dir / "checkpoints" / str(step) / "state")
+  b = read_state(b_dir / "checkpoints" / str(step) / "state")
+  assert len(a) == len(b) > 10
+  for x, y in zip(a, b, strict=True):
+    assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
 def steps_saved(workdir) -> list[int]:
   path = os.path.join(workdir, "checkpoints")
   return sorted(int(name) for name in os.listdir(path) if name.isdigit())

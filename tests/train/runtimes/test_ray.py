@@ -15,7 +15,7 @@ import pytest
 from easgd.errors import ConfigError, WorkerFailed
 from easgd.train import trainer
 from easgd.train.runtimes import ray_workers, trace
-from runs import config_with, read_state
+from runs import assert_same_bits, config_with
 
 ray = pytest.importorskip("ray")
 
@@ -53,14 +53,6 @@ def _replay(config, real, replay):
   trainer.train_and_evaluate(config, str(replay))
 
 
-def _assert_same_bits(a_dir, b_dir, step):
-  a = read_state(a_dir / "checkpoints" / str(step) / "state")
-  b = read_state(b_dir / "checkpoints" / str(step) / "state")
-  assert len(a) == len(b) > 10
-  for x, y in zip(a, b, strict=True):
-    assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize(
   ("algorithm", "servers", "overrides"),
@@ -79,7 +71,7 @@ def test_a_recorded_run_replays_to_the_same_bits(
   trainer.train_and_evaluate(config, str(real))
   _replay(config, real, replay)
   for step in (12, 24):
-    _assert_same_bits(real, replay, step)
+    assert_same_bits(real, replay, step)
   recorded = trace.read(str(real / trace.FILE))
   # Each worker ran in a process of its own, not this one.
   pids = {p["worker"]: p["pid"] for p in recorded.processes}
@@ -133,7 +125,7 @@ def test_a_killed_worker_process_rejoins_or_leaves_and_the_run_replays(
   monkeypatch.undo()
   _replay(config, real, replay)
   for step in (12, 24, 36):
-    _assert_same_bits(real, replay, step)
+    assert_same_bits(real, replay, step)
 
 
 @pytest.mark.e2e

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from easgd.errors import ConfigError, WorkerFailed
 from easgd.train import trainer
 from easgd.train.runtimes import trace, workers
-from runs import REPO, config_with, read_state, steps_saved, train
+from runs import REPO, assert_same_bits, config_with, read_state, steps_saved, train
 
 # 24 ticks of the MLP, checkpoints at 12 and 24.
 RUN = {
@@ -43,14 +43,6 @@ def _record_and_replay(tmp_path, config):
   config.cluster.replay = str(real / trace.FILE)
   trainer.train_and_evaluate(config, str(replay))
   return real, replay
-
-
-def _assert_same_bits(a_dir, b_dir, step):
-  a = read_state(a_dir / "checkpoints" / str(step) / "state")
-  b = read_state(b_dir / "checkpoints" / str(step) / "state")
-  assert len(a) == len(b) > 10
-  for x, y in zip(a, b, strict=True):
-    assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
 
 
 @pytest.mark.e2e
@@ -82,7 +74,7 @@ def test_a_recorded_run_replays_to_the_same_bits(tmp_path, algorithm, workers, s
   config = _config(algorithm, workers, **overrides)
   real, replay = _record_and_replay(tmp_path, config)
   for step in (12, 24):  # every checkpoint is a cut of the same tick
-    _assert_same_bits(real, replay, step)
+    assert_same_bits(real, replay, step)
   recorded = trace.read(str(real / trace.FILE))
   local_steps = np.bincount([e.worker for e in recorded.events if e.local], minlength=workers)
   saved = read_state(real / "checkpoints" / "24" / "state")
@@ -296,7 +288,7 @@ def test_sigterm_and_kill_9_resume_to_the_bits_of_the_replay(tmp_path):
     f"--config.cluster.replay={workdir / trace.FILE}",
   )
   assert replay.wait(180) == 0, replay.tail()
-  _assert_same_bits(workdir, tmp_path / "replay", 200)
+  assert_same_bits(workdir, tmp_path / "replay", 200)
   events = [json.loads(line) for line in (workdir / trace.FILE).read_text().splitlines()]
   assert [e["kind"] for e in events].count("header") == 1
   assert events[-1] == {"kind": "end", "events": len(events) - 2, "ticks": 200} | {
