@@ -67,7 +67,6 @@ from easgd.rules.base import (
   local_update,
   shifted,
   stack_workers,
-  sum_over_workers,
 )
 from easgd.sim import clocks, ticks, timing
 
@@ -348,23 +347,15 @@ class ParameterServerRule(Rule):
     if self.resets:
       inner = self._reset_inner(tick, first, count, workers, worker_opt["inner"])
       worker_opt = dict(worker_opt, inner=inner)
-    weight = stepping.astype(jnp.float32)
-    totals = sum_over_workers(
-      {
-        "steps": weight,
-        "loss": loss * weight,
-        "accuracy": accuracy * weight,
-        # Every worker's, stepping or not: the mean over workers of where each is.
-        "learning_rate": self.learning_rate(state.worker_steps),
-      },
-      self.hyper.deterministic_sums,
+    # Each worker's loss and accuracy, and whether it stepped: the reports
+    # average them over the local steps taken (easgd.train.runtimes.rule_runtime).
+    # The mask travels as int32: an all-gather of booleans crashed XLA's CPU runtime.
+    metrics = lax.all_gather(
+      {"loss": loss, "accuracy": accuracy, "stepping": stepping.astype(jnp.int32)},
+      AXIS,
+      tiled=True,
+      to="invarying",
     )
-    steps_taken = jnp.maximum(totals["steps"], 1.0)
-    metrics = {
-      "loss": totals["loss"] / steps_taken,
-      "accuracy": totals["accuracy"] / steps_taken,
-      "learning_rate": totals["learning_rate"] / self.hyper.num_workers,
-    }
     new_state = state.replace(
       step=state.step + 1,
       center=center,

@@ -49,6 +49,12 @@ class RunTotals:
     self.worker_steps = np.zeros(num_workers, np.int64)
     self.requests = np.zeros(num_workers, np.int64)
     self.bytes_sent = np.zeros(num_workers)
+    # Workers whose process left the run for good (runtime=ray's
+    # cluster.on_worker_loss=continue, and the replay of its trace).
+    self.gone: list[int] = []
+
+  def live_workers(self) -> int:
+    return len(self.worker_steps) - len(self.gone)
 
   def state_dict(self) -> dict:
     """Everything needed to continue, as JSON-serialisable values."""
@@ -57,6 +63,7 @@ class RunTotals:
       "worker_steps": self.worker_steps.tolist(),
       "requests": self.requests.tolist(),
       "bytes_sent": self.bytes_sent.tolist(),
+      "gone": list(self.gone),
     }
 
   def load_state_dict(self, state: dict) -> None:
@@ -65,6 +72,7 @@ class RunTotals:
     self.worker_steps = np.array(state["worker_steps"], np.int64)
     self.requests = np.array(state["requests"], np.int64)
     self.bytes_sent = np.array(state["bytes_sent"], np.float64)
+    self.gone = [int(j) for j in state.get("gone", ())]
 
   def peak_bytes_per_step(self) -> float | None:
     """The most bytes a worker sends in one step, where the schedule fixes it (None)."""
@@ -104,6 +112,7 @@ class Clock(RunTotals, abc.ABC):
     self.worker_steps += tick.local
     self.requests += tick.requests
     self.bytes_sent += tick.bytes_sent
+    self.gone += tick.left
     return tick
 
   @abc.abstractmethod

@@ -34,6 +34,8 @@ class Tick:
     waits: for each request served, seconds it queued at the master.
     requests: exchanges each worker began in the tick, [P].
     bytes_sent: bytes each worker sent in the tick, [P].
+    left: workers whose process left the run for good in the tick (a RESET
+      "leave" of runtime=ray's cluster.on_worker_loss=continue).
   """
 
   time: float
@@ -43,6 +45,7 @@ class Tick:
   waits: list[float]
   requests: np.ndarray
   bytes_sent: np.ndarray
+  left: list[int] = dataclasses.field(default_factory=list)
 
   @classmethod
   def empty(cls, num_workers: int) -> "Tick":
@@ -60,6 +63,7 @@ class Tick:
       "waits": list(self.waits),
       "requests": self.requests.tolist(),
       "bytes_sent": self.bytes_sent.tolist(),
+      "left": list(self.left),
     }
 
   @classmethod
@@ -73,6 +77,7 @@ class Tick:
       waits=[float(w) for w in values["waits"]],
       requests=np.array(values["requests"], np.int64),
       bytes_sent=np.array(values["bytes_sent"], np.float64),
+      left=[int(worker) for worker in values.get("left", ())],
     )
 
   def device_inputs(self) -> dict[str, np.ndarray]:

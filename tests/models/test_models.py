@@ -187,7 +187,9 @@ def test_imagenet_networks_take_a_compiled_rule_step(name, algorithm, dtype):
   step = steps.build_train_step(rule, loss_fn, mesh, state, 2)
   clock = rule.make_clock(timing.Cluster(compute_time=1.0), model_bytes=0, seed=0)
   state, metrics = step(state, images, labels, rule.tick_inputs(clock.next_tick()))
-  assert np.isfinite(float(metrics["loss"])) and 0 < float(metrics["loss"]) < 10
+  # async_easgd's step reports each worker's loss (both step in the first tick).
+  losses = np.asarray(metrics["loss"]).reshape(-1)
+  assert np.all(np.isfinite(losses)) and np.all((0 < losses) & (losses < 10)), losses
   floating = {
     str(leaf.dtype)
     for part in (state.center, state.center_opt, state.workers, state.worker_opt)

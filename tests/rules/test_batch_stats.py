@@ -220,7 +220,7 @@ def keeps_or_averages_statistics(name, average_stats, nesterov=False, **streamin
     for i in np.flatnonzero(tick.local):
       own_stats[i] = forward(flat(initial_tree())[0], own_stats[i], batches[taken[i]][i])[1]
     taken += tick.local
-  assert np.isfinite(float(metrics["loss"]))
+  assert np.all(np.isfinite(np.asarray(metrics["loss"])))
   assert taken.min() >= 1
   state = jax.device_get(state)
   initial_stats = flat(initial_tree())[1]

@@ -16,7 +16,6 @@ class LiveClock(RunTotals):
     self.version = 0  # writes to the center
     self.turn = 0  # round robin: whose request is next
     self.events = 0  # lines in the trace after its header
-    self.gone: list[int] = []  # runtime=ray: workers whose process left for good
 
   def state_dict(self) -> dict:
     return {
@@ -25,7 +24,6 @@ class LiveClock(RunTotals):
       "version": self.version,
       "turn": self.turn,
       "events": self.events,
-      "gone": list(self.gone),
       **self.packer.state_dict(),
     }
 
@@ -35,5 +33,4 @@ class LiveClock(RunTotals):
     self.version = int(state["version"])
     self.turn = int(state["turn"])
     self.events = int(state["events"])
-    self.gone = [int(j) for j in state.get("gone", ())]
     self.packer.load_state_dict(state)

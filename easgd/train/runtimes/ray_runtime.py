@@ -182,12 +182,6 @@ class RayTrainee(ThreadsTrainee):
     pool.held = arguments
     return pool
 
-  def log(self, step, train_seconds):
-    values = super().log(step, train_seconds)
-    live = self.setup.config.workers - len(self.pool.clock.gone)
-    self.writer.scalars(step, {"ray/live_workers": float(live)})
-    return values
-
   def close(self):
     try:
       super().close()

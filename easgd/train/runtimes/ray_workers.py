@@ -193,6 +193,7 @@ class RayWorkers(Workers):
     with self.cond:
       self.trace.process(j, pid, host)
       self.clock.events += 1
+    logging.info("worker %d runs in process %d on %s (restarted)", j, pid, host)
 
   def _reset(self, j: int, op: str) -> None:
     """Worker j joins ("join") or leaves ("leave"): its row restarts from the center,

@@ -4,8 +4,10 @@ simulated by easgd.sim.clocks or measured by the threads runtime, evaluations
 and HParams, through easgd.infra.metrics)."""
 
 import json
+import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from easgd import evaluation, steps
@@ -78,6 +80,8 @@ class _TickTotals:
       "sim/worker_steps_min": float(clock.worker_steps.min()),
       "sim/worker_steps_max": float(clock.worker_steps.max()),
       "sim/worker_steps_mean": float(clock.worker_steps.mean()),
+      # Fewer than config.workers once a runtime=ray worker process left for good.
+      "cluster/live_workers": float(clock.live_workers()),
       "comm/exchanges_per_worker": float(clock.requests.mean()),
       "comm/bytes_per_worker": float(clock.bytes_sent.mean()),
     }
@@ -95,9 +99,40 @@ class _TickTotals:
     return staleness
 
 
+def mean_learning_rate(rule: Rule, start: np.ndarray, end: np.ndarray) -> float | None:
+  """The mean, over the local steps each worker j took from its step start_j to
+  end_j, of the rate each took (rule.learning_rate of its count before it);
+  None when no worker stepped.
+
+  The rates are computed as one vector that depends on (start, end) alone,
+  padded to a power of two (one compilation for windows of similar length),
+  and added exactly (math.fsum): the same steps give the same bits in every
+  runtime.
+  """
+  taken = np.concatenate([np.arange(a, b) for a, b in zip(start, end, strict=True)])
+  if not taken.size:
+    return None
+  padded = np.full(1 << (taken.size - 1).bit_length(), taken[-1], np.int32)
+  padded[: taken.size] = taken
+  rates = np.asarray(rule.learning_rate(jnp.asarray(padded)), np.float64)[: taken.size]
+  return math.fsum(rates.tolist()) / taken.size
+
+
 class RuleReports:
   """What every runtime of the rules reports: the training means, the clock's
-  totals (simulated or measured), the evaluations and the HParams."""
+  totals (simulated or measured), the evaluations and the HParams.
+
+  train/loss, train/accuracy and train/learning_rate are means over the local
+  steps that the workers took since the last log, each step counted once (its
+  loss and accuracy those of its forward pass, its rate the one it took). A
+  parameter-server rule's workers step at their own pace: its runtimes report
+  each step's values (`add_local_steps`), which are added exactly (math.fsum),
+  so that a threads or ray run and the replay of its trace, which take the same
+  steps between the same logs, log the same bits whatever the order of the
+  additions. The synchronous and outer rules step every worker each tick: the
+  mean over a tick's workers is computed on the devices, then averaged over
+  the ticks.
+  """
 
   num_models = 1
 
@@ -107,17 +142,48 @@ class RuleReports:
     self.totals = _TickTotals(clock)
     self.sums: dict[str, float] = {}
     self.count = 0
+    self.local_steps: dict[str, list[float]] = {"loss": [], "accuracy": []}
+    # Each worker's local steps at the last log: the window of the rates' mean.
+    self.logged_steps = np.array(clock.worker_steps, np.int64)
 
   def add(self, values, context) -> np.ndarray:
     del context
+    if "stepping" in values:
+      # A parameter-server rule's tick: each worker's values, and whether it stepped.
+      stepping = np.asarray(values["stepping"], bool)
+      return self.add_local_steps(
+        np.asarray(values["loss"])[stepping].tolist(),
+        np.asarray(values["accuracy"])[stepping].tolist(),
+      )
     for tag, value in values.items():
       self.sums[tag] = self.sums.get(tag, 0.0) + float(value)
     self.count += 1
     return np.array([values["loss"]])
 
+  def add_local_steps(self, losses: list[float], accuracies: list[float]) -> np.ndarray:
+    """Local steps' losses and accuracies; returns their sum of losses, which is
+    not finite once one of them is not."""
+    self.local_steps["loss"] += losses
+    self.local_steps["accuracy"] += accuracies
+    return np.array([sum(losses)])
+
+  def _train_means(self) -> dict[str, float]:
+    """The training means since the last log (the class docstring says which)."""
+    if not self.rule.parameter_server():
+      train = {f"train/{tag}": total / max(self.count, 1) for tag, total in self.sums.items()}
+      self.sums, self.count = {}, 0
+      return train
+    taken, self.local_steps = self.local_steps, {"loss": [], "accuracy": []}
+    now = np.array(self.clock.worker_steps, np.int64)
+    rate = mean_learning_rate(self.rule, self.logged_steps, now)
+    self.logged_steps = now
+    if rate is None:  # no worker stepped since the last log: no means to report
+      return {}
+    train = {f"train/{tag}": math.fsum(values) / len(values) for tag, values in taken.items()}
+    return train | {"train/learning_rate": rate}
+
   def log(self, step, train_seconds):
-    train = {f"train/{tag}": total / self.count for tag, total in self.sums.items()}
-    self.sums, self.count = {}, 0
+    train = self._train_means()
     images = self.totals.worker_steps() * self.setup.config.data.batch_size
     train["train/images_per_sec"] = images / train_seconds
     train.update(self.totals.scalars())

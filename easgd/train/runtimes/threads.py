@@ -246,23 +246,13 @@ class ThreadsTrainee(RuleReports):
         self._cut()
       else:
         pool.wait_for_leader(step - 1)
-      sums = pool.take_sums()
-    # Sums: a loop step may see any number of local steps (or none).
-    return sums, None
+      taken = pool.take_local_steps()
+    # A loop step may see any number of local steps (or none).
+    return taken, None
 
   def add(self, values, context) -> np.ndarray:
-    """Sums of the local steps' losses and accuracies, divided by their number in `log`."""
     del context
-    for tag in ("loss", "accuracy"):
-      self.sums[tag] = self.sums.get(tag, 0.0) + float(values[tag])
-    self.count += int(values["steps"])
-    return np.array([values["loss"]])  # not finite once a step's loss is not
-
-  def log(self, step, train_seconds):
-    self.count = max(self.count, 1)
-    rate = self.rule.learning_rate(jnp.asarray(self.pool.steps))
-    self.sums["learning_rate"] = float(np.mean(np.asarray(rate))) * self.count
-    return super().log(step, train_seconds)
+    return self.add_local_steps(values["loss"], values["accuracy"])
 
   def save(self, divergence):
     del divergence

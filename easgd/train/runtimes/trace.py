@@ -450,7 +450,11 @@ def pack(events: list[Event], num_workers: int) -> list[Tick]:
         f"the trace's event {number} (worker {event.worker}) packs into tick {tick}, "
         f"it was recorded in tick {event.tick}: the trace is inconsistent"
       )
-  return packer.release_all()
+  ticks = packer.release_all()
+  for event in events:
+    if event.op == "leave":
+      ticks[event.tick].left.append(event.worker)
+  return ticks
 
 
 class ReplayClock(clocks.Clock):

@@ -108,7 +108,7 @@ class Workers:
     self.compute_seconds = [0.0] * self.num_workers  # each worker's latest local step
     self._paused = 0.0  # seconds parked at cuts (evaluations, checkpoints)
     self._paused_at: float | None = None
-    self._sums = {"loss": 0.0, "accuracy": 0.0, "steps": 0}
+    self._taken: dict[str, list[float]] = {"loss": [], "accuracy": []}
     self._before: list = [None] * self.num_workers  # `_snapshot`
     self._started = 0.0  # when `start` started the threads
     self._time_at_start = clock.time
@@ -178,11 +178,10 @@ class Workers:
     self.limit = min(self.limit, max(map(self._last, range(self.num_workers))) + 1)
     self.cond.notify_all()
 
-  def take_sums(self) -> dict[str, float]:
-    """The summed loss and accuracy of the local steps since the last call, and
-    how many there were."""
-    sums, self._sums = self._sums, {"loss": 0.0, "accuracy": 0.0, "steps": 0}
-    return sums
+  def take_local_steps(self) -> dict[str, list[float]]:
+    """The loss and accuracy of each local step committed since the last call."""
+    taken, self._taken = self._taken, {"loss": [], "accuracy": []}
+    return taken
 
   # The workers' side.
 
@@ -260,9 +259,8 @@ class Workers:
     self.steps[j] += 1
 
   def _add_metrics(self, loss: float, accuracy: float) -> None:
-    self._sums["loss"] += loss
-    self._sums["accuracy"] += accuracy
-    self._sums["steps"] += 1
+    self._taken["loss"].append(loss)
+    self._taken["accuracy"].append(accuracy)
 
   def _record(self, j: int, op: str, local: bool, tick: int, **record) -> None:
     event = trace_lib.Event(j, self.steps[j], op, local, tick, time=self._now(), **record)

@@ -5,6 +5,7 @@ mid-run rejoins, leaves or stops the run, a killed server stops it in one line.
 The runs share one embedded Ray (started by the first, ended after the last),
 as a cluster the runs connect to does."""
 
+import json
 import os
 import signal
 import time
@@ -15,7 +16,14 @@ import pytest
 from easgd.errors import ConfigError, WorkerFailed
 from easgd.train import trainer
 from easgd.train.runtimes import ray_workers, trace
-from runs import assert_same_bits, config_with
+from runs import (
+  assert_same_bits,
+  assert_same_scalars,
+  config_with,
+  logged_scalars,
+  steps_saved,
+  train,
+)
 
 ray = pytest.importorskip("ray")
 
@@ -60,7 +68,17 @@ def _replay(config, real, replay):
     ("async_easgd", 1, {}),  # first come, first served
     ("original_easgd", 2, {}),  # round robin, the center split over two servers
     ("hogwild_easgd", 2, {"cluster.stragglers": (1,), "cluster.straggler_slowdown": 3.0}),
-    ("async_msgd", 2, {"optimizer.momentum": 0.9}),  # the master's momentum, split
+    # The master's momentum, split; a schedule's rate differs from step to step.
+    (
+      "async_msgd",
+      2,
+      {
+        "optimizer.momentum": 0.9,
+        "optimizer.schedule": "warmup_cosine",
+        "optimizer.warmup_steps": 5,
+        "run.log_every": 4,
+      },
+    ),
   ],
 )
 def test_a_recorded_run_replays_to_the_same_bits(
@@ -72,6 +90,7 @@ def test_a_recorded_run_replays_to_the_same_bits(
   _replay(config, real, replay)
   for step in (12, 24):
     assert_same_bits(real, replay, step)
+  assert_same_scalars(real, replay)
   recorded = trace.read(str(real / trace.FILE))
   # Each worker ran in a process of its own, not this one.
   pids = {p["worker"]: p["pid"] for p in recorded.processes}
@@ -126,6 +145,9 @@ def test_a_killed_worker_process_rejoins_or_leaves_and_the_run_replays(
   _replay(config, real, replay)
   for step in (12, 24, 36):
     assert_same_bits(real, replay, step)
+  assert_same_scalars(real, replay)
+  live = [count for _, count in logged_scalars(real)["cluster/live_workers"]]
+  assert live == ([2, 2, 2] if on_loss == "rejoin" else [2, 1, 1])
 
 
 @pytest.mark.e2e
@@ -155,6 +177,63 @@ def test_a_killed_worker_under_stop_and_a_killed_server_stop_the_run_in_one_line
   with pytest.raises(WorkerFailed, match=r"^server 0's process died") as error:
     trainer.train_and_evaluate(config, str(tmp_path / "server"))
   assert "\n" not in str(error.value) and time.monotonic() - started < 120
+
+
+@pytest.mark.e2e
+def test_train_py_survives_a_killed_worker_sigterm_and_kill_9_and_replays_to_its_bits(tmp_path):
+  """train.py with runtime=ray, as a user runs it: kill -9 of the worker pid it
+  printed (the worker rejoins), SIGTERM of the driver (a cut saved, exit 0), a
+  resume, kill -9 of the driver after a checkpoint, a resume to the end; the
+  trace of the whole run, cut back at each resume, replays to the final bits."""
+  flags = [
+    "--config=configs/default.py",
+    "--config.algorithm=async_measgd",
+    "--config.optimizer.momentum=0.9",
+    "--config.runtime=ray",
+    "--config.model=mlp",
+    "--config.workers=2",
+    "--config.run.devices=2",
+    "--config.run.total_steps=160",
+    "--config.run.log_every=10",
+    "--config.run.eval_every=0",
+    "--config.run.checkpoint_every=40",
+  ]
+  workdir = tmp_path / "real"
+  run = train(workdir, *flags)
+  pid = int(run.wait_for(r"worker 1 runs in process (\d+) on ", 180).group(1))
+  run.wait_for(r"step 10/", 120)
+  os.kill(pid, signal.SIGKILL)
+  run.wait_for(r"worker 1 runs in process \d+ on .* \(restarted\)", 120)
+  run.wait_for(r"step 30/", 120)
+  run.popen.send_signal(signal.SIGTERM)
+  signalled = time.monotonic()
+  assert run.wait(60) == 0, run.tail()
+  assert time.monotonic() - signalled < 30
+  stopped = steps_saved(workdir)[-1]
+  assert 30 <= stopped < 160
+
+  run = train(workdir, *flags)
+  run.wait_for(r"step 90/", 180)  # the checkpoint of step 80 is committed by then
+  run.popen.kill()
+  run.popen.wait()
+  assert 80 <= steps_saved(workdir)[-1] < 160
+
+  run = train(workdir, *flags)
+  assert run.wait(240) == 0, run.tail()
+  replay = train(
+    tmp_path / "replay",
+    *[flag for flag in flags if "runtime" not in flag],
+    f"--config.cluster.replay={workdir / trace.FILE}",
+  )
+  assert replay.wait(240) == 0, replay.tail()
+  assert_same_bits(workdir, tmp_path / "replay", 160)
+  recorded = trace.read(str(workdir / trace.FILE))  # its checksums chain across both resumes
+  worker_1 = [e.op for e in recorded.events if e.worker == 1]
+  assert "join" in worker_1
+  lines = [json.loads(line) for line in (workdir / trace.FILE).read_text().splitlines()]
+  assert [line["kind"] for line in lines].count("header") == 1
+  # Each start of the run traced its workers' processes: at least 3 starts and the restart.
+  assert len(recorded.processes) >= 2 * 3 + 1
 
 
 def _refused(config, pattern):
