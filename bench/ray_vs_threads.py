@@ -11,7 +11,7 @@ process to every server, their master programs, their answers ready).
   python bench/ray_vs_threads.py                      # LeNet-5 and ResNet-20, tau 1 and 4
   python bench/ray_vs_threads.py --models lenet5 --steps 100
 
-Goal (on GPU workers): ResNet-20 at tau = 4 under ray at >= 0.8x of threads.
+Goal: ResNet-20 at tau = 4 under ray at >= 0.8x of threads (bench/README.md has the figures).
 """
 
 import argparse

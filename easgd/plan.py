@@ -246,6 +246,7 @@ class Plan:
   step_flops: float  # per worker, at config.data.batch_size
   timing: sizing.Timing
   compute_source: str
+  blocks: int  # the center's parameter blocks (leaves): runtime=ray's most servers
 
   def report(self) -> str:
     config, memory, timing = self.config, self.memory, self.timing
@@ -298,6 +299,13 @@ class Plan:
     servers = timing.servers_needed(p)
     if servers is not None:
       lines.append(f"  parameter servers needed for {p} workers: {servers}")
+      if servers <= self.blocks:
+        lines.append(f"  run them with --config.runtime=ray --config.ray.servers={servers}")
+      else:
+        lines.append(
+          f"  runtime=ray splits the center by its {self.blocks} parameter blocks: "
+          f"at most --config.ray.servers={self.blocks}"
+        )
     lines += ["", "   P   step s     images/s  comm %"]
     for workers in TABLE_WORKERS:
       lines.append(
@@ -378,6 +386,7 @@ def make_plan(config: ml_collections.ConfigDict) -> Plan:
     step_flops=step_flops,
     timing=steady,
     compute_source=source,
+    blocks=len(jax.tree.leaves(compiler.state.center)),
   )
 
 

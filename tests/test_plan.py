@@ -83,6 +83,7 @@ def test_cli_reports_memory_time_and_the_workers_that_pay():
   assert "S1 activations" in out and "S2 state" in out and "S3 batch-independent" in out
   assert "communication dominates from P = " in out
   assert "parameter servers needed for 4 workers: 1" in out
+  assert "run them with --config.runtime=ray --config.ray.servers=1" in out
   assert out.count("\n") > 20
 
 
