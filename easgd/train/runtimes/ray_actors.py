@@ -17,6 +17,9 @@ master program is the whole model's with the others' blocks shrunk: every
 leaf's arithmetic, and the key each leaf's compression draws from, are those
 of the unsplit program. A request goes to every server with that server's
 blocks of the worker's row; the worker puts the answers' blocks together.
+
+Ray itself is imported where it is used, inside an actor: the module, its
+classes plain, imports without it.
 """
 
 import dataclasses
@@ -166,9 +169,11 @@ def _numpy(tree):
   return jax.tree.map(np.asarray, tree)
 
 
-def where() -> tuple[int, str]:
-  """This process and its host."""
-  return os.getpid(), socket.gethostname()
+def where() -> tuple[int, str, str]:
+  """This process, its host and its Ray node."""
+  import ray  # noqa: PLC0415 (module docstring)
+
+  return os.getpid(), socket.gethostname(), ray.get_runtime_context().get_node_id()
 
 
 class WorkerProcess:
@@ -199,7 +204,7 @@ class WorkerProcess:
     steps = self._put(np.asarray([step], np.int32))
     return (at, opt, steps, self.rng, self.images, self.labels, self.worker, base)
 
-  def where(self) -> tuple[int, str]:
+  def where(self) -> tuple[int, str, str]:
     return where()
 
   def local_step(self, step: int) -> tuple[float, float]:
@@ -262,7 +267,7 @@ class ServerProcess:
     lowered = on_device(master, MASTER_SPECS, self.device).lower(*args)
     self.program = compile_program(lowered, platform)
 
-  def where(self) -> tuple[int, str]:
+  def where(self) -> tuple[int, str, str]:
     return where()
 
   def operate(self, row, tick: int, position: int, kind: int):

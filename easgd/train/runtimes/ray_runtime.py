@@ -58,6 +58,11 @@ def check_address(config: ml_collections.ConfigDict) -> str:
   return address
 
 
+# The CPU share each worker and server process asks Ray for: a token, so that a
+# node of one CPU holds a hundred, and Ray's SPREAD sees where they are.
+ACTOR_CPUS = 0.01
+
+
 def connect(config: ml_collections.ConfigDict) -> bool:
   """Connects this process to Ray (config.ray.address), or starts an embedded one;
   True if it started one (which the run shuts down). ConfigError (one line) for an
@@ -103,7 +108,15 @@ class RayTrainee(ThreadsTrainee):
     )
     gpus = config.ray.worker_gpus
     platform = "gpu" if gpus else "cpu"
-    options = {"num_cpus": 0, "runtime_env": {"env_vars": _actor_environment(gpus)}}
+    # Spread over the nodes (Ray's SPREAD strategy): on a cluster with as many nodes
+    # as workers each worker gets a node, and the servers are spread too. SPREAD
+    # places by the nodes' use of their resources: a process that asked for none
+    # would not count, hence a token share of a CPU.
+    options = {
+      "num_cpus": ACTOR_CPUS,
+      "runtime_env": {"env_vars": _actor_environment(gpus)},
+      "scheduling_strategy": "SPREAD",
+    }
     center, center_opt = _numpy(rows.center), _numpy(rows.center_opt)
     blocks = ray_actors.Blocks(center, config.ray.servers)
     fields = rule.request_fields()
@@ -161,10 +174,10 @@ class RayTrainee(ThreadsTrainee):
       first = str(error).strip().splitlines()[-1] if str(error).strip() else ""
       raise RuntimeError(f"the worker and server processes did not start: {first}") from None
     live = [j for j, actor in enumerate(actors) if actor is not None]
-    for j, (pid, host) in zip(live, places, strict=True):
+    for j, (pid, host, node) in zip(live, places, strict=True):
       trace.process(j, pid, host)
       clock.events += 1
-      logging.info("worker %d runs in process %d on %s", j, pid, host)
+      logging.info("worker %d runs in process %d on %s (Ray node %s)", j, pid, host, node)
     pool = ray_workers.RayWorkers(
       actors,
       servers,

@@ -180,7 +180,7 @@ class RayWorkers(Workers):
     while True:
       self._check_stop()
       try:
-        pid, host = ray.get(self.actors[j].where.remote(), timeout=RESTART_POLL * 10)
+        pid, host, node = ray.get(self.actors[j].where.remote(), timeout=RESTART_POLL * 10)
         break
       except ray.exceptions.ActorDiedError:
         self._fail(f"worker {j}'s process died and Ray could not restart it")
@@ -193,7 +193,7 @@ class RayWorkers(Workers):
     with self.cond:
       self.trace.process(j, pid, host)
       self.clock.events += 1
-    logging.info("worker %d runs in process %d on %s (restarted)", j, pid, host)
+    logging.info("worker %d runs in process %d on %s (Ray node %s, restarted)", j, pid, host, node)
 
   def _reset(self, j: int, op: str) -> None:
     """Worker j joins ("join") or leaves ("leave"): its row restarts from the center,
