@@ -142,17 +142,17 @@ def augment_batches(images, labels, rng, workers, worker_steps, augment=None):
   return {"image": jax.vmap(one_worker)(workers, worker_steps, images), "label": labels}
 
 
-def _compile(per_device, mesh: Mesh, state: TrainState, num_worker_args: int):
+def _compile(per_device, rule: Rule, mesh: Mesh, state: TrainState, num_worker_args: int):
   """jit(shard_map(per_device)) for per_device(state, *worker_args, tick) -> (state, metrics).
 
   The state keeps its layout (worker fields split over `workers`, the rest
   replicated) and is donated, so its buffers are updated in place; the
-  worker arguments have a leading workers axis; the tick and the metrics
-  are replicated.
+  worker arguments have a leading workers axis; the tick is replicated, and
+  the metrics lie as the rule says (`Rule.metrics_spec`).
   """
   specs = sharding.state_specs(state)
   in_specs = (specs,) + (P(AXIS),) * num_worker_args + (P(),)
-  return sharding.jit_shard_map(per_device, mesh, in_specs, (specs, P()))
+  return sharding.jit_shard_map(per_device, mesh, in_specs, (specs, rule.metrics_spec()))
 
 
 def build_rule_step(rule: Rule, loss_fn: LossFn, mesh: Mesh, state: TrainState):
@@ -161,7 +161,7 @@ def build_rule_step(rule: Rule, loss_fn: LossFn, mesh: Mesh, state: TrainState):
   def per_device(state, batch, tick: TickInputs):
     return rule.step(state, batch, loss_fn, tick)
 
-  return _compile(per_device, mesh, state, 1)
+  return _compile(per_device, rule, mesh, state, 1)
 
 
 def build_train_step(
@@ -182,7 +182,7 @@ def build_train_step(
     batch = sample_local_batches(images, labels, state.rng, state.worker_steps, batch_size, augment)
     return rule.step(state, batch, loss_fn, tick)
 
-  return _compile(per_device, mesh, state, 2)
+  return _compile(per_device, rule, mesh, state, 2)
 
 
 def build_batch_step(
@@ -203,7 +203,7 @@ def build_batch_step(
     batch = augment_local_batches(images, labels, state.rng, state.worker_steps, augment)
     return rule.step(state, batch, loss_fn, tick)
 
-  return _compile(per_device, mesh, state, 2)
+  return _compile(per_device, rule, mesh, state, 2)
 
 
 def init_program(rule: Rule, params, rng: jax.Array, mesh: Mesh):

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 from jax import lax
+from jax.sharding import PartitionSpec
 
 from easgd.rules import exchange, model_state, optimizers
 from easgd.sim import clocks, ticks, timing
@@ -431,6 +432,10 @@ class Rule(abc.ABC):
   def learning_rate(self, worker_steps: jax.Array) -> jax.Array:
     """The inner learning rate in force for workers with these local step counts."""
     return optimizers.learning_rate_at(self.hyper, worker_steps)
+
+  def metrics_spec(self) -> PartitionSpec:
+    """How the step's metrics lie over the devices: means equal on every device."""
+    return PartitionSpec()
 
   @abc.abstractmethod
   def init(self, params: Params, rng: jax.Array) -> TrainState:

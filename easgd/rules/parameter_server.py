@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+from jax.sharding import PartitionSpec
 
 from easgd.rules import exchange, model_state, optimizers
 from easgd.rules.base import (
@@ -152,6 +153,10 @@ class ParameterServerRule(Rule):
 
   def worker_params(self, state):
     return state.workers
+
+  def metrics_spec(self) -> PartitionSpec:
+    """Each worker's values, split over the devices as the workers are."""
+    return PartitionSpec(AXIS)
 
   # The step.
 
@@ -347,15 +352,10 @@ class ParameterServerRule(Rule):
     if self.resets:
       inner = self._reset_inner(tick, first, count, workers, worker_opt["inner"])
       worker_opt = dict(worker_opt, inner=inner)
-    # Each worker's loss and accuracy, and whether it stepped: the reports
-    # average them over the local steps taken (easgd.train.runtimes.rule_runtime).
-    # The mask travels as int32: an all-gather of booleans crashed XLA's CPU runtime.
-    metrics = lax.all_gather(
-      {"loss": loss, "accuracy": accuracy, "stepping": stepping.astype(jnp.int32)},
-      AXIS,
-      tiled=True,
-      to="invarying",
-    )
+    # Each worker's loss and accuracy, and whether it stepped, where the worker is
+    # (`metrics_spec`): the reports average them over the local steps taken
+    # (easgd.train.runtimes.rule_runtime).
+    metrics = {"loss": loss, "accuracy": accuracy, "stepping": stepping}
     new_state = state.replace(
       step=state.step + 1,
       center=center,

@@ -10,7 +10,9 @@ order. Slow workers therefore sit out ticks and take fewer steps.
 
 import abc
 import enum
+import fractions
 import heapq
+import math
 import operator
 from collections.abc import Sequence
 
@@ -39,6 +41,65 @@ class _Event(enum.IntEnum):
   START = 3
 
 
+class LogWindow:
+  """What the reports average since the last log: the training values, as exact
+  sums and a count; each worker's local steps at that log; each request's
+  staleness and seconds queued. A checkpoint saves them with the clock: a run
+  resumed between two logs logs what it would have logged without stopping.
+
+  Each value is added exactly (a fractions.Fraction of the float), so the sums
+  do not depend on the order of the additions: a run that hands its local
+  steps one by one as they commit and the replay that hands a tick's at once
+  reach the same means. A value that is not finite turns its sum into that
+  float (nan or inf).
+  """
+
+  def __init__(self, worker_steps: np.ndarray):
+    self.restart(worker_steps)
+
+  def add(self, values: dict[str, float]) -> None:
+    for tag, value in values.items():
+      exact = fractions.Fraction(value) if math.isfinite(value) else float(value)
+      self.sums[tag] = self.sums.get(tag, fractions.Fraction(0)) + exact
+    self.count += 1
+
+  def means(self) -> dict[str, float]:
+    """Each tag's mean, rounded once to the nearest float; {} when nothing was added."""
+    if not self.count:
+      return {}
+    return {tag: float(total / self.count) for tag, total in self.sums.items()}
+
+  def restart(self, worker_steps: np.ndarray) -> None:
+    """After a log: empty, from the workers' steps at it."""
+    self.sums: dict[str, fractions.Fraction | float] = {}
+    self.count = 0
+    self.start_steps = np.array(worker_steps, np.int64)
+    self.staleness: list[int] = []
+    self.waits: list[float] = []
+
+  def state_dict(self) -> dict:
+    return {
+      "sums": {tag: str(total) for tag, total in self.sums.items()},
+      "count": self.count,
+      "start_steps": self.start_steps.tolist(),
+      "staleness": list(self.staleness),
+      "waits": list(self.waits),
+    }
+
+  def load_state_dict(self, state: dict) -> None:
+    def parsed(text: str) -> fractions.Fraction | float:
+      try:
+        return fractions.Fraction(text)
+      except ValueError:  # nan, inf
+        return float(text)
+
+    self.sums = {tag: parsed(text) for tag, text in state["sums"].items()}
+    self.count = int(state["count"])
+    self.start_steps = np.array(state["start_steps"], np.int64)
+    self.staleness = [int(n) for n in state["staleness"]]
+    self.waits = [float(w) for w in state["waits"]]
+
+
 class RunTotals:
   """What a run's workers did so far (sim/time, worker steps, requests, bytes), as
   the reports read it and a checkpoint saves it: simulated by a `Clock`, or
@@ -52,6 +113,7 @@ class RunTotals:
     # Workers whose process left the run for good (runtime=ray's
     # cluster.on_worker_loss=continue, and the replay of its trace).
     self.gone: list[int] = []
+    self.window = LogWindow(self.worker_steps)
 
   def live_workers(self) -> int:
     return len(self.worker_steps) - len(self.gone)
@@ -64,6 +126,7 @@ class RunTotals:
       "requests": self.requests.tolist(),
       "bytes_sent": self.bytes_sent.tolist(),
       "gone": list(self.gone),
+      "window": self.window.state_dict(),
     }
 
   def load_state_dict(self, state: dict) -> None:
@@ -73,6 +136,10 @@ class RunTotals:
     self.requests = np.array(state["requests"], np.int64)
     self.bytes_sent = np.array(state["bytes_sent"], np.float64)
     self.gone = [int(j) for j in state.get("gone", ())]
+    if "window" in state:
+      self.window.load_state_dict(state["window"])
+    else:  # a checkpoint of an earlier version: its window starts here
+      self.window.restart(self.worker_steps)
 
   def peak_bytes_per_step(self) -> float | None:
     """The most bytes a worker sends in one step, where the schedule fixes it (None)."""

@@ -59,7 +59,7 @@ def check_address(config: ml_collections.ConfigDict) -> str:
 
 
 # The CPU share each worker and server process asks Ray for: a token, so that a
-# node of one CPU holds a hundred, and Ray's SPREAD sees where they are.
+# node of one CPU holds a hundred, and Ray's SPREAD alternates them over the nodes.
 ACTOR_CPUS = 0.01
 
 
@@ -109,9 +109,9 @@ class RayTrainee(ThreadsTrainee):
     gpus = config.ray.worker_gpus
     platform = "gpu" if gpus else "cpu"
     # Spread over the nodes (Ray's SPREAD strategy): on a cluster with as many nodes
-    # as workers each worker gets a node, and the servers are spread too. SPREAD
-    # places by the nodes' use of their resources: a process that asked for none
-    # would not count, hence a token share of a CPU.
+    # as workers each worker gets a node, and the servers are spread too. Actors that
+    # asked for no resources were spread unevenly (3 of 4 on one node of two, on
+    # ray.cluster_utils' two nodes); a token share of a CPU each alternates them.
     options = {
       "num_cpus": ACTOR_CPUS,
       "runtime_env": {"env_vars": _actor_environment(gpus)},

@@ -61,13 +61,12 @@ class _TickTotals:
   def __init__(self, clock):
     self._clock = clock
     self._steps = 0
-    self._staleness: list[int] = []
-    self._waits: list[float] = []
 
   def add(self, tick: ticks.Tick) -> None:
     self._steps += int(tick.local.sum())
-    self._staleness += tick.staleness
-    self._waits += tick.waits
+    window = self._clock.window
+    window.staleness += tick.staleness
+    window.waits += tick.waits
 
   def worker_steps(self) -> int:
     """Local steps taken by all workers since the last call to `scalars`."""
@@ -88,15 +87,12 @@ class _TickTotals:
     peak = clock.peak_bytes_per_step()
     if peak is not None:
       values["comm/peak_bytes_per_step"] = float(peak)
-    if self._staleness:
-      values["async/staleness_mean"] = float(np.mean(self._staleness))
-      values["async/queue_wait"] = float(np.mean(self._waits))
+    window = clock.window
+    if window.staleness:
+      values["async/staleness_mean"] = float(np.mean(window.staleness))
+      values["async/queue_wait"] = float(np.mean(window.waits))
     self._steps = 0
     return values
-
-  def staleness(self) -> list[int]:
-    staleness, self._staleness, self._waits = self._staleness, [], []
-    return staleness
 
 
 def mean_learning_rate(rule: Rule, start: np.ndarray, end: np.ndarray) -> float | None:
@@ -124,14 +120,14 @@ class RuleReports:
 
   train/loss, train/accuracy and train/learning_rate are means over the local
   steps that the workers took since the last log, each step counted once (its
-  loss and accuracy those of its forward pass, its rate the one it took). A
-  parameter-server rule's workers step at their own pace: its runtimes report
-  each step's values (`add_local_steps`), which are added exactly (math.fsum),
-  so that a threads or ray run and the replay of its trace, which take the same
-  steps between the same logs, log the same bits whatever the order of the
-  additions. The synchronous and outer rules step every worker each tick: the
-  mean over a tick's workers is computed on the devices, then averaged over
-  the ticks.
+  loss and accuracy those of its forward pass, its rate the one its worker's
+  step count gives). A parameter-server rule's workers step at their own pace:
+  its runtimes hand each step's values (`add_local_steps`), and the clock's
+  LogWindow adds them exactly, so that a threads or ray run and the replay of
+  its trace, which take the same steps between the same logs, log the same
+  bits. The synchronous and outer rules step every worker each tick: the mean
+  over a tick's workers is computed on the devices, then averaged over the
+  ticks.
   """
 
   num_models = 1
@@ -140,47 +136,36 @@ class RuleReports:
     self.setup, self.rule, self.clock = setup, rule, clock
     self.writer = metrics.MetricWriter(setup.workdir, resumed_at=resumed_at)
     self.totals = _TickTotals(clock)
-    self.sums: dict[str, float] = {}
-    self.count = 0
-    self.local_steps: dict[str, list[float]] = {"loss": [], "accuracy": []}
-    # Each worker's local steps at the last log: the window of the rates' mean.
-    self.logged_steps = np.array(clock.worker_steps, np.int64)
 
   def add(self, values, context) -> np.ndarray:
     del context
-    if "stepping" in values:
-      # A parameter-server rule's tick: each worker's values, and whether it stepped.
+    if self.rule.parameter_server():
+      # A tick's values of every worker, and whether each stepped.
       stepping = np.asarray(values["stepping"], bool)
       return self.add_local_steps(
         np.asarray(values["loss"])[stepping].tolist(),
         np.asarray(values["accuracy"])[stepping].tolist(),
       )
-    for tag, value in values.items():
-      self.sums[tag] = self.sums.get(tag, 0.0) + float(value)
-    self.count += 1
+    self.clock.window.add({tag: float(value) for tag, value in values.items()})
     return np.array([values["loss"]])
 
   def add_local_steps(self, losses: list[float], accuracies: list[float]) -> np.ndarray:
     """Local steps' losses and accuracies; returns their sum of losses, which is
     not finite once one of them is not."""
-    self.local_steps["loss"] += losses
-    self.local_steps["accuracy"] += accuracies
+    for loss, accuracy in zip(losses, accuracies, strict=True):
+      self.clock.window.add({"loss": loss, "accuracy": accuracy})
     return np.array([sum(losses)])
 
   def _train_means(self) -> dict[str, float]:
-    """The training means since the last log (the class docstring says which)."""
-    if not self.rule.parameter_server():
-      train = {f"train/{tag}": total / max(self.count, 1) for tag, total in self.sums.items()}
-      self.sums, self.count = {}, 0
-      return train
-    taken, self.local_steps = self.local_steps, {"loss": [], "accuracy": []}
-    now = np.array(self.clock.worker_steps, np.int64)
-    rate = mean_learning_rate(self.rule, self.logged_steps, now)
-    self.logged_steps = now
-    if rate is None:  # no worker stepped since the last log: no means to report
-      return {}
-    train = {f"train/{tag}": math.fsum(values) / len(values) for tag, values in taken.items()}
-    return train | {"train/learning_rate": rate}
+    """The training means since the last log (the class docstring says which);
+    none when no step's values came (no worker stepped)."""
+    window = self.clock.window
+    means = window.means()
+    if means and self.rule.parameter_server():
+      rate = mean_learning_rate(self.rule, window.start_steps, self.clock.worker_steps)
+      if rate is not None:
+        means["learning_rate"] = rate
+    return {f"train/{tag}": value for tag, value in means.items()}
 
   def log(self, step, train_seconds):
     train = self._train_means()
@@ -188,7 +173,9 @@ class RuleReports:
     train["train/images_per_sec"] = images / train_seconds
     train.update(self.totals.scalars())
     self.writer.scalars(step, train)
-    self.writer.histogram(step, "async/staleness", self.totals.staleness())
+    window = self.clock.window
+    self.writer.histogram(step, "async/staleness", window.staleness)
+    window.restart(self.clock.worker_steps)
     return train
 
   def evaluate(self, step):

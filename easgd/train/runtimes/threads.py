@@ -263,6 +263,10 @@ class ThreadsTrainee(RuleReports):
         pool.lower_limit()
         self._cut()
         logging.info("saving the consistent cut after step %d", self.cut)
+      # The steps that reached the cut since the loop took them: their values join the
+      # log window that the checkpoint saves.
+      taken = pool.take_local_steps()
+      self.add_local_steps(taken["loss"], taken["accuracy"])
       pool.trace.sync()
       clock_state = pool.clock.state_dict()
     self.setup.checkpointer.save(self.state, clock_state, self.setup.config)

@@ -435,6 +435,7 @@ def pack(events: list[Event], num_workers: int) -> list[Tick]:
   """The ticks of `events` in their order; each event must fall in its recorded tick.
   (A request's bytes are left to the clock that replays them.)"""
   packer = TickPacker(num_workers)
+  leaves = []  # (tick, worker) of each "leave"
   for number, event in enumerate(events):
     op = OPS[event.op]
     tick = packer.emit(
@@ -450,10 +451,11 @@ def pack(events: list[Event], num_workers: int) -> list[Tick]:
         f"the trace's event {number} (worker {event.worker}) packs into tick {tick}, "
         f"it was recorded in tick {event.tick}: the trace is inconsistent"
       )
-  ticks = packer.release_all()
-  for event in events:
     if event.op == "leave":
-      ticks[event.tick].left.append(event.worker)
+      leaves.append((tick, event.worker))
+  ticks = packer.release_all()
+  for tick, worker in leaves:
+    ticks[tick].left.append(worker)
   return ticks
 
 

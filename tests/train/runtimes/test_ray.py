@@ -17,6 +17,7 @@ from easgd.errors import ConfigError, WorkerFailed
 from easgd.train import trainer
 from easgd.train.runtimes import ray_workers, trace
 from runs import (
+  WALL_CLOCK_TAGS,
   assert_same_bits,
   assert_same_scalars,
   config_with,
@@ -51,14 +52,15 @@ def _config(algorithm, workers=2, **overrides):
 
 
 def _replay(config, real, replay):
-  """Replays the trace recorded in `real` into `replay`, under runtime=simulated."""
+  """Replays the trace recorded in `real` into `replay`, under runtime=simulated;
+  returns its TrainResult."""
   config = config.copy_and_resolve_references()
   config.runtime = "simulated"
   for field in ("ray.servers", "cluster.on_worker_loss"):  # only runtime=ray reads them
     group, name = field.split(".")
     config[group][name] = config_with()[group][name]
   config.cluster.replay = str(real / trace.FILE)
-  trainer.train_and_evaluate(config, str(replay))
+  return trainer.train_and_evaluate(config, str(replay))
 
 
 @pytest.mark.e2e
@@ -86,11 +88,15 @@ def test_a_recorded_run_replays_to_the_same_bits(
 ):
   config = _config(algorithm, **{"runtime": "ray", "ray.servers": servers, **overrides})
   real, replay = tmp_path / "real", tmp_path / "replay"
-  trainer.train_and_evaluate(config, str(real))
-  _replay(config, real, replay)
+  run = trainer.train_and_evaluate(config, str(real))
+  replayed = _replay(config, real, replay)
   for step in (12, 24):
     assert_same_bits(real, replay, step)
-  assert_same_scalars(real, replay)
+  assert_same_scalars(real, replay)  # as TensorBoard holds them (float32)
+  # The last values, as the run computed them (float64).
+  assert {tag: value for tag, value in run.metrics.items() if tag not in WALL_CLOCK_TAGS} == {
+    tag: value for tag, value in replayed.metrics.items() if tag not in WALL_CLOCK_TAGS
+  }
   recorded = trace.read(str(real / trace.FILE))
   # Each worker ran in a process of its own, not this one.
   pids = {p["worker"]: p["pid"] for p in recorded.processes}
@@ -227,6 +233,7 @@ def test_train_py_survives_a_killed_worker_sigterm_and_kill_9_and_replays_to_its
   )
   assert replay.wait(240) == 0, replay.tail()
   assert_same_bits(workdir, tmp_path / "replay", 160)
+  assert_same_scalars(workdir, tmp_path / "replay")
   recorded = trace.read(str(workdir / trace.FILE))  # its checksums chain across both resumes
   worker_1 = [e.op for e in recorded.events if e.worker == 1]
   assert "join" in worker_1

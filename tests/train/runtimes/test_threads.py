@@ -300,6 +300,8 @@ def test_sigterm_and_kill_9_resume_to_the_bits_of_the_replay(tmp_path):
   )
   assert replay.wait(180) == 0, replay.tail()
   assert_same_bits(workdir, tmp_path / "replay", 200)
+  # The log window went into each checkpoint: the stopped run logged what the replay did.
+  assert_same_scalars(workdir, tmp_path / "replay")
   events = [json.loads(line) for line in (workdir / trace.FILE).read_text().splitlines()]
   assert [e["kind"] for e in events].count("header") == 1
   assert events[-1] == {"kind": "end", "events": len(events) - 2, "ticks": 200} | {
