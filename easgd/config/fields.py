@@ -620,6 +620,17 @@ FIELDS_DECLARED = (
     number(1, note="how many times slower a straggler is"),
     "how many times slower a straggler is",
   ),
+  Field(
+    "cluster.straggler_slowdowns",
+    (),
+    Allowed(
+      lambda v: isinstance(v, (tuple, list)) and all(number(1).accepts(x) for x in v),
+      "must be () or a tuple of finite numbers >= 1, one a straggler, e.g. (2.0, 4.0)",
+    ),
+    "each straggler's own slowdown, in the order of cluster.stragglers; () gives every "
+    "straggler cluster.straggler_slowdown",
+    earlier=(),
+  ),
   Field("cluster.latency", 5e-4, number(0), "seconds per message"),
   Field(
     "cluster.bandwidth",

@@ -70,6 +70,14 @@ def _require_stragglers_among_workers(config: ml_collections.ConfigDict) -> None
     stragglers,
     f"must be distinct worker indices in [0, {workers}), e.g. (3,) or (0, 5)",
   )
+  slowdowns = config.cluster.straggler_slowdowns
+  require(
+    len(slowdowns) in (0, len(stragglers)),
+    "cluster.straggler_slowdowns",
+    slowdowns,
+    f"must be () or one slowdown for each of the {len(stragglers)} cluster.stragglers "
+    f"{tuple(stragglers)}",
+  )
 
 
 def validate_partition(config: ml_collections.ConfigDict, train_examples: int, parts: int) -> None:

@@ -5,7 +5,8 @@ from it and the seed alone (Seconds, bytes and bytes/second):
 
   local step k of worker i:  c_i * exp(jitter * z_ik - jitter^2 / 2)
       c_i = compute_time * (1 + speed_spread * i / (P - 1))
-            [* straggler_slowdown if i is in stragglers]
+            [* straggler_slowdown if i is in stragglers; the k-th straggler's
+             straggler_slowdowns[k] where those are given]
       z_ik ~ N(0, 1), drawn from (seed, i, k) alone (so it needs no RNG state)
   one message, either way:   latency + model_bytes / bandwidth
   the master, per request:   (master_time + 2 * model_bytes / server_bandwidth) / servers
@@ -43,6 +44,7 @@ class Cluster:
   jitter: float = 0.0
   stragglers: tuple[int, ...] = ()
   straggler_slowdown: float = 1.0
+  straggler_slowdowns: tuple[float, ...] = ()  # each straggler's own; () all straggler_slowdown
   latency: float = 0.0
   bandwidth: float = math.inf
   master_time: float = 0.0
@@ -54,6 +56,7 @@ class Cluster:
   def from_config(cls, config: ml_collections.ConfigDict) -> "Cluster":
     values = config.to_dict()
     values["stragglers"] = tuple(values["stragglers"])
+    values["straggler_slowdowns"] = tuple(values["straggler_slowdowns"])
     values.pop("replay", None)  # a recorded order, not a timing (easgd.train.runtimes.trace)
     values.pop("on_worker_loss", None)  # what runtime=ray does when a worker dies
     return cls(**values)
@@ -62,7 +65,9 @@ class Cluster:
     """c_i for every worker."""
     position = np.arange(num_workers) / max(num_workers - 1, 1)
     times = self.compute_time * (1 + self.speed_spread * position)
-    times[list(self.stragglers)] *= self.straggler_slowdown
+    slowdowns = self.straggler_slowdowns or (self.straggler_slowdown,) * len(self.stragglers)
+    for worker, slowdown in zip(self.stragglers, slowdowns, strict=True):
+      times[worker] *= slowdown
     return times
 
   def step_time(self, mean: float, seed: int, worker: int, step: int) -> float:

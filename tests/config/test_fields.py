@@ -69,6 +69,7 @@ def test_the_migration_hints_come_from_the_declarations():
     "ray.address": "",
     "ray.servers": 1,
     "ray.worker_gpus": 0.0,
+    "cluster.straggler_slowdowns": (),
   }
 
 

@@ -85,6 +85,10 @@ def test_bad_fields_are_named_with_their_valid_range(overrides, message):
     ("straggler_slowdown", 0.5, r"config.cluster.straggler_slowdown=0.5 .*>= 1"),
     ("stragglers", (8,), r"config.cluster.stragglers=\(8,\) .*indices in \[0, 8\)"),
     ("stragglers", (2, 2), r"config.cluster.stragglers=\(2, 2\) .*distinct"),
+    # One slowdown a straggler (the default has none), each a number >= 1.
+    ("straggler_slowdowns", (2.0,), r"config.cluster.straggler_slowdowns=\(2.0,\) .*each of the 0"),
+    ("straggler_slowdowns", (0.5,), r"config.cluster.straggler_slowdowns=\(0.5,\) .*>= 1"),
+    ("straggler_slowdowns", ("x",), r"config.cluster.straggler_slowdowns=\('x',\) .*numbers"),
     ("servers", 0, r"config.cluster.servers=0 .*integer >= 1"),
     ("server_bandwidth", 0.0, r"config.cluster.server_bandwidth=0.0 .*> 0"),
     ("allreduce", "star", r"config.cluster.allreduce='star' .*one of ring, tree"),

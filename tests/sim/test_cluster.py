@@ -43,6 +43,13 @@ def test_mean_step_times_spread_linearly_and_stragglers_are_slower():
   assert TIMING.allreduce_time(1000, 1) == 0
 
 
+def test_each_straggler_may_have_its_own_slowdown():
+  cluster = timing.Cluster(
+    compute_time=1.0, stragglers=(3, 1), straggler_slowdown=9.0, straggler_slowdowns=(4.0, 2.0)
+  )
+  np.testing.assert_allclose(cluster.mean_step_times(4), [1.0, 2.0, 1.0, 4.0])
+
+
 def test_jitter_is_mean_preserving_and_a_function_of_seed_worker_and_step():
   times = [TIMING.step_time(2.0, seed=1, worker=0, step=k) for k in range(4000)]
   assert np.mean(times) == pytest.approx(2.0, rel=0.02)
