@@ -22,6 +22,7 @@ def _load(name: str):
 
 
 faults = _load("faults")
+processes = _load("processes")
 
 
 def test_the_faults_study_refuses_a_directory_it_did_not_make(tmp_path, capsys):
@@ -84,3 +85,19 @@ def test_the_heterogeneous_cluster_is_what_its_study_says():
 @pytest.mark.parametrize("run", sorted(heterogeneous.RUNS))
 def test_each_heterogeneous_run_is_a_valid_config(run):
   validation.validate(heterogeneous.config_for(run, 600, 0, {}))
+
+
+def test_the_processes_study_slows_worker_2_twice_and_worker_3_four_times():
+  values = processes.overrides("async_easgd", 4, 0, 600, stragglers=True)
+  cluster = timing.Cluster.from_config(processes.config_of(values).cluster)
+  np.testing.assert_allclose(cluster.mean_step_times(4) / cluster.compute_time, [1, 1, 2, 4])
+
+
+@pytest.mark.parametrize(
+  "rule,workers",
+  [(rule, 4) for rule in (*processes.ASYNC_RULES, "sync_easgd")]
+  + [("downpour", workers) for workers in processes.DOWNPOUR_WORKERS],
+)
+def test_each_processes_run_is_a_valid_config(rule, workers):
+  values = processes.overrides(rule, workers, 0, 600, stragglers=rule != "downpour")
+  validation.validate(processes.config_of(values))
