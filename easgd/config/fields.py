@@ -625,10 +625,11 @@ FIELDS_DECLARED = (
     (),
     Allowed(
       lambda v: isinstance(v, (tuple, list)) and all(number(1).accepts(x) for x in v),
-      "must be () or a tuple of finite numbers >= 1, one a straggler, e.g. (2.0, 4.0)",
+      "must be () or a tuple of finite numbers >= 1, one per straggler, e.g. (2.0, 4.0)",
     ),
-    "each straggler's own slowdown, in the order of cluster.stragglers; () gives every "
-    "straggler cluster.straggler_slowdown",
+    "each straggler's own slowdown, in the order of cluster.stragglers (then "
+    "cluster.straggler_slowdown is not read); () gives every straggler "
+    "cluster.straggler_slowdown",
     earlier=(),
   ),
   Field("cluster.latency", 5e-4, number(0), "seconds per message"),

@@ -75,8 +75,8 @@ def _require_stragglers_among_workers(config: ml_collections.ConfigDict) -> None
     len(slowdowns) in (0, len(stragglers)),
     "cluster.straggler_slowdowns",
     slowdowns,
-    f"must be () or one slowdown for each of the {len(stragglers)} cluster.stragglers "
-    f"{tuple(stragglers)}",
+    f"must be () or one slowdown for each of cluster.stragglers={tuple(stragglers)}"
+    + ("" if stragglers else " (no straggler yet: set cluster.stragglers first)"),
   )
 
 

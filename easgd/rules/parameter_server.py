@@ -355,7 +355,10 @@ class ParameterServerRule(Rule):
     # Each worker's loss and accuracy, and whether it stepped, where the worker is
     # (`metrics_spec`): the reports average them over the local steps taken
     # (easgd.train.runtimes.rule_runtime).
-    metrics = {"loss": loss, "accuracy": accuracy, "stepping": stepping}
+    # The mask as int32: fetched from several processes it is all-gathered
+    # (easgd.infra.sharding.fetch), and an all-gather of booleans crashed XLA's CPU
+    # runtime.
+    metrics = {"loss": loss, "accuracy": accuracy, "stepping": stepping.astype(jnp.int32)}
     new_state = state.replace(
       step=state.step + 1,
       center=center,

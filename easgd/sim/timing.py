@@ -44,7 +44,7 @@ class Cluster:
   jitter: float = 0.0
   stragglers: tuple[int, ...] = ()
   straggler_slowdown: float = 1.0
-  straggler_slowdowns: tuple[float, ...] = ()  # each straggler's own; () all straggler_slowdown
+  straggler_slowdowns: tuple[float, ...] = ()
   latency: float = 0.0
   bandwidth: float = math.inf
   master_time: float = 0.0

@@ -86,7 +86,11 @@ def test_bad_fields_are_named_with_their_valid_range(overrides, message):
     ("stragglers", (8,), r"config.cluster.stragglers=\(8,\) .*indices in \[0, 8\)"),
     ("stragglers", (2, 2), r"config.cluster.stragglers=\(2, 2\) .*distinct"),
     # One slowdown a straggler (the default has none), each a number >= 1.
-    ("straggler_slowdowns", (2.0,), r"config.cluster.straggler_slowdowns=\(2.0,\) .*each of the 0"),
+    (
+      "straggler_slowdowns",
+      (2.0,),
+      r"straggler_slowdowns=\(2.0,\) .*stragglers first",
+    ),
     ("straggler_slowdowns", (0.5,), r"config.cluster.straggler_slowdowns=\(0.5,\) .*>= 1"),
     ("straggler_slowdowns", ("x",), r"config.cluster.straggler_slowdowns=\('x',\) .*numbers"),
     ("servers", 0, r"config.cluster.servers=0 .*integer >= 1"),

@@ -255,7 +255,6 @@ class ThreadsTrainee(RuleReports):
     return self.add_local_steps(values["loss"], values["accuracy"])
 
   def save(self, divergence):
-    del divergence
     pool = self.pool
     with pool.cond:
       if self.cut != pool.limit + 1 or not pool.parked():
@@ -266,7 +265,7 @@ class ThreadsTrainee(RuleReports):
       # The steps that reached the cut since the loop took them: their values join the
       # log window that the checkpoint saves.
       taken = pool.take_local_steps()
-      self.add_local_steps(taken["loss"], taken["accuracy"])
+      divergence.check(self.cut, self.add_local_steps(taken["loss"], taken["accuracy"]))
       pool.trace.sync()
       clock_state = pool.clock.state_dict()
     self.setup.checkpointer.save(self.state, clock_state, self.setup.config)

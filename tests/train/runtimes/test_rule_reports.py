@@ -90,7 +90,7 @@ def test_the_same_steps_give_the_same_bits_one_by_one_or_a_tick_at_a_time(tmp_pa
     for tick in order:
       one_by_one[0].add_local_steps([float(values[tick, j])], [float(accuracies[tick, j])])
   a, b = ticks[0].log(50, 1.0), one_by_one[0].log(50, 1.0)
-  for tag in ("train/loss", "train/accuracy"):
+  for tag in ("train/loss", "train/accuracy", "train/learning_rate"):
     assert a[tag] == b[tag], tag
   for reports, _ in (ticks, one_by_one):
     reports.close()
