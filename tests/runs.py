@@ -5,6 +5,7 @@ checkpoints read back as NumPy whatever the device layout that wrote them.
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -197,3 +198,38 @@ def assert_bfloat16_run_keeps_float32_state(tmp_path, steps: int) -> None:
   kept = [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(result.state))]
   for leaves in (saved, kept):
     assert {leaf.dtype.name for leaf in leaves if leaf.dtype.kind in "fV"} == {"float32"}
+
+
+def stop_resume_and_replay(tmp_path, workdir, flags, run, sigterm_at, kill_at, total, timeout):
+  """`run`, train.py started with `flags` in `workdir`: SIGTERM once it logs step
+  `sigterm_at` (exit 0 within 30 s, a cut saved); a rerun killed (kill -9) once it
+  logs step `kill_at`, the checkpoint before it committed; a rerun to step `total`.
+  Then the replay of the whole trace, cut back at each resume, in tmp_path/replay:
+  the final bits and every logged value but wall-clock time are the run's."""
+  from easgd.train.runtimes import trace  # noqa: PLC0415 (after conftest has set the devices)
+
+  run.wait_for(rf"step {sigterm_at}/", timeout)
+  run.popen.send_signal(signal.SIGTERM)
+  signalled = time.monotonic()
+  assert run.wait(60) == 0, run.tail()
+  assert time.monotonic() - signalled < 30
+  assert sigterm_at <= steps_saved(workdir)[-1] < total
+
+  run = train(workdir, *flags)
+  run.wait_for(rf"step {kill_at}/", timeout)
+  run.popen.kill()
+  run.popen.wait()
+  every = next(int(f.split("=")[1]) for f in flags if f.startswith("--config.run.checkpoint_every"))
+  assert kill_at - kill_at % every <= steps_saved(workdir)[-1] < total
+
+  run = train(workdir, *flags)
+  assert run.wait(2 * timeout) == 0, run.tail()
+  replay = train(
+    tmp_path / "replay",
+    *[flag for flag in flags if "runtime" not in flag],
+    f"--config.cluster.replay={workdir / trace.FILE}",
+  )
+  assert replay.wait(2 * timeout) == 0, replay.tail()
+  assert_same_bits(workdir, tmp_path / "replay", total)
+  # The log window went into each checkpoint: the stopped run logged what the replay did.
+  assert_same_scalars(workdir, tmp_path / "replay")

@@ -22,7 +22,7 @@ from runs import (
   assert_same_scalars,
   config_with,
   logged_scalars,
-  steps_saved,
+  stop_resume_and_replay,
   train,
 )
 
@@ -210,30 +210,9 @@ def test_train_py_survives_a_killed_worker_sigterm_and_kill_9_and_replays_to_its
   run.wait_for(r"step 10/", 120)
   os.kill(pid, signal.SIGKILL)
   run.wait_for(r"worker 1 runs in process \d+ on .*, restarted\)", 120)
-  run.wait_for(r"step 30/", 120)
-  run.popen.send_signal(signal.SIGTERM)
-  signalled = time.monotonic()
-  assert run.wait(60) == 0, run.tail()
-  assert time.monotonic() - signalled < 30
-  stopped = steps_saved(workdir)[-1]
-  assert 30 <= stopped < 160
-
-  run = train(workdir, *flags)
-  run.wait_for(r"step 90/", 180)  # the checkpoint of step 80 is committed by then
-  run.popen.kill()
-  run.popen.wait()
-  assert 80 <= steps_saved(workdir)[-1] < 160
-
-  run = train(workdir, *flags)
-  assert run.wait(240) == 0, run.tail()
-  replay = train(
-    tmp_path / "replay",
-    *[flag for flag in flags if "runtime" not in flag],
-    f"--config.cluster.replay={workdir / trace.FILE}",
+  stop_resume_and_replay(
+    tmp_path, workdir, flags, run, sigterm_at=30, kill_at=90, total=160, timeout=180
   )
-  assert replay.wait(240) == 0, replay.tail()
-  assert_same_bits(workdir, tmp_path / "replay", 160)
-  assert_same_scalars(workdir, tmp_path / "replay")
   recorded = trace.read(str(workdir / trace.FILE))  # its checksums chain across both resumes
   worker_1 = [e.op for e in recorded.events if e.worker == 1]
   assert "join" in worker_1

@@ -4,7 +4,6 @@ replay by the simulated runtime to the same bits."""
 import json
 import os
 import shutil
-import signal
 import threading
 import time
 
@@ -21,7 +20,7 @@ from runs import (
   assert_same_scalars,
   config_with,
   read_state,
-  steps_saved,
+  stop_resume_and_replay,
   train,
 )
 
@@ -277,31 +276,9 @@ def test_sigterm_and_kill_9_resume_to_the_bits_of_the_replay(tmp_path):
   ]
   workdir = tmp_path / "real"
   run = train(workdir, *flags)
-  run.wait_for(r"step 20/", 120)
-  run.popen.send_signal(signal.SIGTERM)
-  signalled = time.monotonic()
-  assert run.wait(60) == 0
-  assert time.monotonic() - signalled < 30
-  stopped = steps_saved(workdir)[-1]
-  assert 20 <= stopped < 200
-
-  run = train(workdir, *flags)
-  run.wait_for(r"step 130/", 120)  # the checkpoint of step 120 is committed by then
-  run.popen.kill()
-  run.popen.wait()
-  assert 120 <= steps_saved(workdir)[-1] < 200
-
-  run = train(workdir, *flags)
-  assert run.wait(180) == 0
-  replay = train(
-    tmp_path / "replay",
-    *[flag for flag in flags if "runtime" not in flag],
-    f"--config.cluster.replay={workdir / trace.FILE}",
+  stop_resume_and_replay(
+    tmp_path, workdir, flags, run, sigterm_at=20, kill_at=130, total=200, timeout=120
   )
-  assert replay.wait(180) == 0, replay.tail()
-  assert_same_bits(workdir, tmp_path / "replay", 200)
-  # The log window went into each checkpoint: the stopped run logged what the replay did.
-  assert_same_scalars(workdir, tmp_path / "replay")
   events = [json.loads(line) for line in (workdir / trace.FILE).read_text().splitlines()]
   assert [e["kind"] for e in events].count("header") == 1
   assert events[-1] == {"kind": "end", "events": len(events) - 2, "ticks": 200} | {
