@@ -72,8 +72,8 @@ def main(argv):
         f"config.run.devices={devices} is invalid: must be a multiple of the {processes} processes"
       )
     backend = platform.expected_backend()
-    if backend == "cpu" and config.deterministic_sums:
-      sharding.pin_cpu_threads(devices)
+    for name, value in runtime.environment(config, backend).items():
+      os.environ.setdefault(name, value)  # a value the user set is kept
     if backend == "gpu":
       platform.make_gpu_deterministic()
     distributed.initialize(processes)

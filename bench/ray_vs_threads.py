@@ -11,6 +11,11 @@ process to every server, their master programs, their answers ready).
   python bench/ray_vs_threads.py                      # LeNet-5 and ResNet-20, tau 1 and 4
   python bench/ray_vs_threads.py --models lenet5 --steps 100
 
+On a CPU each worker has a CPU device of its own under both runtimes. On a
+machine with a GPU the workers share its first GPU: runtime=threads runs
+them all on it, runtime=ray gives each process a 1/P share of it
+(ray.worker_gpus), with the settings train.py makes for a GPU.
+
 Goal: ResNet-20 at tau = 4 under ray at >= 0.8x of threads (bench/README.md has the figures).
 """
 
@@ -23,9 +28,13 @@ import time
 import numpy as np
 
 from easgd.configs import default
-from easgd.infra import sharding
+from easgd.infra import platform, sharding
 from easgd.train import trainer
 from easgd.train.runtimes import trace
+from easgd.train.runtimes.ray_runtime import RayRuntime
+
+# The backend the runs use, asked before JAX starts (main makes its settings).
+BACKEND = platform.expected_backend()
 
 
 def _config(model: str, tau: int, runtime: str, steps: int, workers: int, servers: int = 1):
@@ -35,7 +44,7 @@ def _config(model: str, tau: int, runtime: str, steps: int, workers: int, server
       "algorithm": "async_easgd",
       "model": model,
       "workers": workers,
-      "run.devices": workers,
+      "run.devices": 1 if BACKEND == "gpu" else workers,
       "outer.comm_period": tau,
       "run.total_steps": steps,
       "run.log_every": 0,
@@ -47,6 +56,8 @@ def _config(model: str, tau: int, runtime: str, steps: int, workers: int, server
   )
   if runtime == "ray":
     config.ray.servers = servers
+    if BACKEND == "gpu":
+      config.ray.worker_gpus = 1.0 / workers
   return config
 
 
@@ -69,12 +80,19 @@ def main() -> None:
   parser.add_argument("--workers", type=int, default=2)
   parser.add_argument("--repeats", type=int, default=2)
   args = parser.parse_args()
-  sharding.configure_cpu_devices(args.workers)  # threads: a device a worker, as ray has
+  # What train.py sets before JAX starts, for the backend in use.
+  settings = RayRuntime.environment(_config("lenet5", 1, "ray", 1, args.workers), BACKEND)
+  for name, value in settings.items():
+    os.environ.setdefault(name, value)
+  if BACKEND == "gpu":
+    platform.make_gpu_deterministic()
+  else:
+    sharding.configure_cpu_devices(args.workers)  # threads: a device a worker, as ray has
   import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)
 
   ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
   when = time.strftime("%Y-%m-%d %H:%M")
-  print(f"# {when}, load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
+  print(f"# {when}, load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores, {BACKEND} workers")
   rows = []
   for model in args.models.split(","):
     for tau in (int(t) for t in args.taus.split(",")):

@@ -34,17 +34,33 @@ def configure_cpu_devices(count: int) -> None:
 CPU_THREADS_VARIABLE = "PJRT_NPROC"
 
 
-def pin_cpu_threads(run_devices: int) -> None:
-  """Sizes XLA:CPU's thread pool by the run, not by the process; before JAX starts.
+def pinned_cpu_threads(run_devices: int) -> dict[str, str]:
+  """The environment that sizes XLA:CPU's thread pool by the run, not by the
+  machine; set before JAX starts.
 
-  The pool has as many threads as the larger of the processor count and the
-  process's devices, and a convolution splits its sums by the pool's size: a
-  process of 2 devices and one of 4 compute a convolution's last bits
-  differently. With the pool set to the run's device count D on every
-  process, the layouts of a run with the same workers a device compute the
-  same bits (config.deterministic_sums). A value the user set is kept.
+  The pool has as many threads as the larger of the processor count (or
+  PJRT_NPROC, which stands in for it) and the process's devices, and a
+  convolution splits its sums by the pool's size: a process of 2 devices and
+  one of 4, or the same program on a 2-core and a 16-core machine, compute a
+  convolution's last bits differently. With the pool set to the run's device
+  count D on every process, the layouts of a run with the same workers a
+  device compute the same bits (config.deterministic_sums), and a trace
+  replays on another machine as it ran (the threads and ray runtimes).
   """
-  os.environ.setdefault(CPU_THREADS_VARIABLE, str(run_devices))
+  return {CPU_THREADS_VARIABLE: str(run_devices)}
+
+
+def cpu_threads() -> int:
+  """The threads of XLA:CPU's pool in this process (`pinned_cpu_threads`), once JAX
+  has started: what another process sets PJRT_NPROC to, so that its convolutions
+  round as this process's do."""
+  if CPU_THREADS_VARIABLE in os.environ:
+    processors = int(os.environ[CPU_THREADS_VARIABLE])
+  elif hasattr(os, "sched_getaffinity"):  # the processors XLA may schedule on
+    processors = len(os.sched_getaffinity(0))
+  else:
+    processors = os.cpu_count() or 1
+  return max(processors, len(jax.devices("cpu")))
 
 
 def make_mesh(num_devices: int) -> Mesh:

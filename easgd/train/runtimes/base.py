@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 
 import ml_collections
 
+from easgd.config import schema
+from easgd.infra import sharding
 from easgd.train import setup as setup_lib
 from easgd.train.loop import Trainee
 
@@ -60,6 +62,25 @@ class Runtime(abc.ABC):
     """Checks what it needs of the model; `shapes()` traces the shapes of its tree
     (easgd.rules.model_state), for a check that asks. Raises ConfigError."""
     del config, shapes
+
+  @classmethod
+  def environment(cls, config: ml_collections.ConfigDict, backend: str) -> dict[str, str]:
+    """Variables that JAX reads as it starts its backends and a run of `config` on
+    `backend` ("cpu", "gpu" or "tpu") needs; train.py sets each one the user has
+    not set, before JAX starts.
+
+    Here: with config.deterministic_sums, XLA:CPU's thread pool sized by the
+    run's devices (easgd.infra.sharding.pinned_cpu_threads), so that every
+    layout of the run rounds its convolutions alike.
+    """
+    if backend == "cpu" and cls.pins_cpu_threads(config):
+      return sharding.pinned_cpu_threads(schema.resolve_devices(config))
+    return {}
+
+  @classmethod
+  def pins_cpu_threads(cls, config: ml_collections.ConfigDict) -> bool:
+    """Whether its bits on a CPU must not depend on the machine's processor count."""
+    return config.deterministic_sums
 
   @classmethod
   def partitions(cls, config: ml_collections.ConfigDict, num_devices: int) -> int:

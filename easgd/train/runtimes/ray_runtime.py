@@ -23,6 +23,7 @@ import numpy as np
 from absl import logging
 
 from easgd.errors import ConfigError, require
+from easgd.infra import platform, sharding
 from easgd.rules import RULES
 from easgd.train.runtimes.rule_runtime import parameter_server_rules
 from easgd.train.runtimes.threads import ThreadsRuntime, ThreadsTrainee
@@ -107,23 +108,22 @@ class RayTrainee(ThreadsTrainee):
       tuple(np.asarray(dataset.std, np.float64).ravel().tolist()),
     )
     gpus = config.ray.worker_gpus
-    platform = "gpu" if gpus else "cpu"
+    worker_platform = "gpu" if gpus else "cpu"
     # Spread over the nodes (Ray's SPREAD strategy): on a cluster with as many nodes
     # as workers each worker gets a node, and the servers are spread too. Actors that
     # asked for no resources were spread unevenly (3 of 4 on one node of two, on
     # ray.cluster_utils' two nodes); a token share of a CPU each alternates them.
-    options = {
-      "num_cpus": ACTOR_CPUS,
-      "runtime_env": {"env_vars": _actor_environment(gpus)},
-      "scheduling_strategy": "SPREAD",
-    }
+    options = {"num_cpus": ACTOR_CPUS, "scheduling_strategy": "SPREAD"}
     center, center_opt = _numpy(rows.center), _numpy(rows.center_opt)
     blocks = ray_actors.Blocks(center, config.ray.servers)
     fields = rule.request_fields()
     row = {"workers": _numpy(rows.workers[0]), **{f: _numpy(rows.worker_opt[0][f]) for f in fields}}
     row["worker_steps"] = np.zeros(1, np.int32)
     rng = np.asarray(jax.device_get(self.rng))
-    server_class = ray.remote(ray_actors.ServerProcess).options(max_restarts=0, **options)
+    # The servers run the master's operations on a CPU, whatever the workers run on.
+    server_class = ray.remote(ray_actors.ServerProcess).options(
+      max_restarts=0, runtime_env={"env_vars": _actor_environment(0)}, **options
+    )
     servers = [
       server_class.remote(
         recipe,
@@ -138,7 +138,11 @@ class RayTrainee(ThreadsTrainee):
     fresh_opt = _numpy(jax.jit(rule.fresh_worker_opt)(rows.workers[0]))
     restarts = -1 if config.cluster.on_worker_loss == "rejoin" else 0
     worker_class = ray.remote(ray_actors.WorkerProcess).options(
-      max_restarts=restarts, max_task_retries=0, num_gpus=gpus, **options
+      max_restarts=restarts,
+      max_task_retries=0,
+      num_gpus=gpus,
+      runtime_env={"env_vars": _actor_environment(gpus)},
+      **options,
     )
     # A restarted worker's process is built again from its constructor's arguments: they
     # are put in the object store here and held until the run ends, so that they outlive
@@ -158,7 +162,7 @@ class RayTrainee(ThreadsTrainee):
           fresh_opt,
           blocks,
           fields,
-          platform,
+          worker_platform,
         )
       ]
       for j in range(config.workers)
@@ -205,15 +209,36 @@ class RayTrainee(ThreadsTrainee):
         ray.shutdown()
 
 
+# JAX's variable that, set to "false", has a GPU process take memory as it needs
+# it rather than most of the device at start.
+PREALLOCATE_VARIABLE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+
+
 def _actor_environment(gpus: float) -> dict[str, str]:
-  """The environment of the actors' processes: this package importable, one device a
-  process (the CPU's, unless they have GPUs)."""
+  """The environment of an actor's process: this package importable, one device a
+  process (the CPU's, unless it has GPUs).
+
+  A CPU process sizes XLA:CPU's thread pool as this process does
+  (easgd.infra.sharding.cpu_threads), whatever its node's processors: its
+  convolutions then round as the replay's, which runs on this process's
+  devices. A GPU process asks for XLA:GPU's deterministic ops, as train.py
+  does on a GPU (easgd.infra.platform), also when this process runs on a
+  node without one. A process with a share of a GPU (0 < gpus < 1) takes the
+  GPU's memory as it needs it: the processes that share the GPU could not
+  each take most of it at start, as JAX does by default.
+  """
   flags = os.environ.get("XLA_FLAGS", "").split()
   flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+  if gpus and not any(platform.GPU_DETERMINISM in flag for flag in flags):
+    flags.append(f"--{platform.GPU_DETERMINISM}=true")
   path = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
   environment = {"XLA_FLAGS": " ".join(flags), "PYTHONPATH": path}
-  if not gpus:
+  if gpus:
+    if gpus < 1:
+      environment[PREALLOCATE_VARIABLE] = "false"
+  else:
     environment["JAX_PLATFORMS"] = "cpu"
+    environment[sharding.CPU_THREADS_VARIABLE] = str(sharding.cpu_threads())
   return environment
 
 
@@ -243,6 +268,15 @@ class RayRuntime(ThreadsRuntime):
         "pip install -r requirements.txt"
       )
     check_address(config)
+
+  @classmethod
+  def environment(cls, config: ml_collections.ConfigDict, backend: str) -> dict[str, str]:
+    """runtime=threads' pinned pool on a CPU; on a GPU, this process takes the GPU's
+    memory as it needs it: the worker processes that Ray places on this node's
+    GPUs could not start beside a driver holding most of each."""
+    if backend == "gpu":
+      return {PREALLOCATE_VARIABLE: "false"}
+    return super().environment(config, backend)
 
   def describe(self) -> str:
     config = self.setup.config
