@@ -12,9 +12,10 @@ process to every server, their master programs, their answers ready).
   python bench/ray_vs_threads.py --models lenet5 --steps 100
 
 On a CPU each worker has a CPU device of its own under both runtimes. On a
-machine with a GPU the workers share its first GPU: runtime=threads runs
-them all on it, runtime=ray gives each process a 1/P share of it
-(ray.worker_gpus), with the settings train.py makes for a GPU.
+machine with a GPU the workers share one GPU: runtime=threads runs them all
+on its first, runtime=ray gives each process a 1/P share of one
+(ray.worker_gpus); both take the GPU's memory as they need it, as
+runtime=ray does on a GPU.
 
 Goal: ResNet-20 at tau = 4 under ray at >= 0.8x of threads (bench/README.md has the figures).
 """

@@ -706,7 +706,8 @@ FIELDS_DECLARED = (
     "ray.worker_gpus",
     0.0,
     number(0, note="GPUs a worker process takes; 0: its CPU"),
-    "GPUs each worker process takes (1 on a GPU cluster); 0: it runs on its CPU",
+    "GPUs each worker process takes (1 on a GPU cluster; a fraction shares one); 0: it "
+    "runs on its CPU",
     Shapes.NEVER,
     earlier=0.0,
   ),

@@ -3,11 +3,14 @@
 XLA reads its flags, and JAX's CPU client its device count and thread pool,
 once, when the backends start: train.py makes these settings first, for the
 backend that will run and for no other:
-  cpu  virtual devices (easgd.infra.sharding.configure_cpu_devices) and, with
-       config.deterministic_sums, XLA:CPU's thread pool sized by the run
-       (sharding.pin_cpu_threads); the planner makes the devices too;
+  cpu  virtual devices (easgd.infra.sharding.configure_cpu_devices); the
+       planner makes them too;
   gpu  XLA:GPU's deterministic ops (`make_gpu_deterministic`);
-  tpu  nothing.
+  tpu  nothing;
+and what the run's runtime asks for on that backend
+(easgd.train.runtimes.base.Runtime.environment: with config.deterministic_sums
+XLA:CPU's thread pool sized by the run; under runtime=ray on a GPU, the GPU's
+memory taken as needed).
 """
 
 import importlib.metadata

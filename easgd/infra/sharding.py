@@ -34,9 +34,9 @@ def configure_cpu_devices(count: int) -> None:
 CPU_THREADS_VARIABLE = "PJRT_NPROC"
 
 
-def pinned_cpu_threads(run_devices: int) -> dict[str, str]:
+def cpu_threads_environment(run_devices: int) -> dict[str, str]:
   """The environment that sizes XLA:CPU's thread pool by the run, not by the
-  machine; set before JAX starts.
+  machine; set before JAX starts (config.deterministic_sums).
 
   The pool has as many threads as the larger of the processor count (or
   PJRT_NPROC, which stands in for it) and the process's devices, and a
@@ -44,23 +44,41 @@ def pinned_cpu_threads(run_devices: int) -> dict[str, str]:
   one of 4, or the same program on a 2-core and a 16-core machine, compute a
   convolution's last bits differently. With the pool set to the run's device
   count D on every process, the layouts of a run with the same workers a
-  device compute the same bits (config.deterministic_sums), and a trace
-  replays on another machine as it ran (the threads and ray runtimes).
+  device compute the same bits, on machines of any processor count.
   """
   return {CPU_THREADS_VARIABLE: str(run_devices)}
 
 
+# Where XLA:CPU reads the processor count it sizes its pool by, in its order,
+# before it asks the operating system (tsl's DefaultThreadPoolSize).
+_PROCESSOR_VARIABLES = (CPU_THREADS_VARIABLE, "NPROC")
+
+
 def cpu_threads() -> int:
-  """The threads of XLA:CPU's pool in this process (`pinned_cpu_threads`), once JAX
-  has started: what another process sets PJRT_NPROC to, so that its convolutions
-  round as this process's do."""
-  if CPU_THREADS_VARIABLE in os.environ:
-    processors = int(os.environ[CPU_THREADS_VARIABLE])
-  elif hasattr(os, "sched_getaffinity"):  # the processors XLA may schedule on
-    processors = len(os.sched_getaffinity(0))
-  else:
-    processors = os.cpu_count() or 1
-  return max(processors, len(jax.devices("cpu")))
+  """The threads of XLA:CPU's pool in this process, once JAX has started: what
+  another process of one device sets PJRT_NPROC to, so that its convolutions
+  round as this process's do (runtime=ray's worker and server processes).
+
+  As XLA:CPU sizes it: the processor count (the first of PJRT_NPROC and NPROC
+  that is a positive integer, else the processors this process may run on),
+  or the process's CPU devices if there are more. A process without a CPU
+  backend (JAX_PLATFORMS=cuda) counts none.
+  """
+  processors = None
+  for variable in _PROCESSOR_VARIABLES:
+    value = os.environ.get(variable, "")
+    if value.isdigit() and int(value) > 0:
+      processors = int(value)
+      break
+  if processors is None:
+    processors = (
+      len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
+  try:
+    devices = len(jax.local_devices(backend="cpu"))
+  except RuntimeError:  # JAX was told to start no CPU backend
+    devices = 0
+  return max(processors, devices)
 
 
 def make_mesh(num_devices: int) -> Mesh:

@@ -2,9 +2,10 @@
 
 A runtime declares what it is (its name, the algorithms it runs, whether it
 spans processes, whether its training data may stream from disk, the config
-fields it reads), checks the fields that only it reads, and, for one run,
-builds the training state and the trainee that the loop (easgd.train.loop)
-drives. `easgd.train.trainer.train_and_evaluate` asks the registry
+fields it reads), checks the fields that only it reads, names what JAX must
+read as it starts for a run (`environment`), and, for one run, builds the
+training state and the trainee that the loop (easgd.train.loop) drives.
+`easgd.train.trainer.train_and_evaluate` asks the registry
 (easgd.train.runtimes) for the run's runtime and names none itself: adding a
 runtime is one class here and one line in the registry.
 """
@@ -70,17 +71,12 @@ class Runtime(abc.ABC):
     not set, before JAX starts.
 
     Here: with config.deterministic_sums, XLA:CPU's thread pool sized by the
-    run's devices (easgd.infra.sharding.pinned_cpu_threads), so that every
-    layout of the run rounds its convolutions alike.
+    run's devices (easgd.infra.sharding.cpu_threads_environment), so that every
+    layout of the run, on any machine, rounds its convolutions alike.
     """
-    if backend == "cpu" and cls.pins_cpu_threads(config):
-      return sharding.pinned_cpu_threads(schema.resolve_devices(config))
+    if backend == "cpu" and config.deterministic_sums:
+      return sharding.cpu_threads_environment(schema.resolve_devices(config))
     return {}
-
-  @classmethod
-  def pins_cpu_threads(cls, config: ml_collections.ConfigDict) -> bool:
-    """Whether its bits on a CPU must not depend on the machine's processor count."""
-    return config.deterministic_sums
 
   @classmethod
   def partitions(cls, config: ml_collections.ConfigDict, num_devices: int) -> int:

@@ -220,8 +220,8 @@ def _actor_environment(gpus: float) -> dict[str, str]:
 
   A CPU process sizes XLA:CPU's thread pool as this process does
   (easgd.infra.sharding.cpu_threads), whatever its node's processors: its
-  convolutions then round as the replay's, which runs on this process's
-  devices. A GPU process asks for XLA:GPU's deterministic ops, as train.py
+  convolutions then round as the replay's, which runs with this process's
+  devices on this process's machine. A GPU process asks for XLA:GPU's deterministic ops, as train.py
   does on a GPU (easgd.infra.platform), also when this process runs on a
   node without one. A process with a share of a GPU (0 < gpus < 1) takes the
   GPU's memory as it needs it: the processes that share the GPU could not
@@ -271,12 +271,13 @@ class RayRuntime(ThreadsRuntime):
 
   @classmethod
   def environment(cls, config: ml_collections.ConfigDict, backend: str) -> dict[str, str]:
-    """runtime=threads' pinned pool on a CPU; on a GPU, this process takes the GPU's
-    memory as it needs it: the worker processes that Ray places on this node's
-    GPUs could not start beside a driver holding most of each."""
+    """The runtimes' own, and on a GPU this process takes the GPU's memory as it
+    needs it: the worker processes that Ray places on this node's GPUs could not
+    start beside a driver holding most of each."""
+    environment = super().environment(config, backend)
     if backend == "gpu":
-      return {PREALLOCATE_VARIABLE: "false"}
-    return super().environment(config, backend)
+      environment[PREALLOCATE_VARIABLE] = "false"
+    return environment
 
   def describe(self) -> str:
     config = self.setup.config

@@ -119,12 +119,6 @@ class SimulatedRuntime(RuleRuntime):
       )
       trace.check_replay(config)
 
-  @classmethod
-  def pins_cpu_threads(cls, config: ml_collections.ConfigDict) -> bool:
-    """A replay computes the bits of the run it replays, which ran with its pool
-    pinned (ThreadsRuntime.pins_cpu_threads), whatever this machine's processors."""
-    return config.deterministic_sums or bool(config.cluster.replay)
-
   def trainee(self, state, clock_state, resumed_at) -> RuleTrainee:
     config = self.setup.config
     if config.cluster.replay:

@@ -314,13 +314,6 @@ class ThreadsRuntime(RuleRuntime):
       f"profiles the simulated runtime's tick programs; with runtime={cls.name} leave it ''",
     )
 
-  @classmethod
-  def pins_cpu_threads(cls, config: ml_collections.ConfigDict) -> bool:
-    """Its trace replays to the same bits on a machine with another processor count:
-    the run and its replay size XLA:CPU's pool by the run's devices alike."""
-    del config
-    return True
-
   def trainee(self, state, clock_state, resumed_at) -> ThreadsTrainee:
     return ThreadsTrainee(
       self.setup, self.rule, state, self.cluster, self.sent_bytes, clock_state, resumed_at

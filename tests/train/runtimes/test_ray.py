@@ -108,9 +108,11 @@ def test_a_recorded_run_replays_to_the_same_bits(
 @pytest.mark.e2e
 def test_convolutions_on_four_worker_processes_replay_to_the_same_bits(tmp_path, embedded_ray):
   """LeNet-5's convolutions split their sums by the size of XLA:CPU's thread pool,
-  which a process sizes by its devices: each worker process, of one device, sizes
-  its pool as this process of several does (easgd.infra.sharding.cpu_threads),
-  so that the replay on 4 of this process's devices reaches the workers' bits."""
+  which a process sizes by the larger of its processors and its devices: each
+  worker process, of one device, sizes its pool as this process of 8 does
+  (easgd.infra.sharding.cpu_threads), so that the replay on 4 of this process's
+  devices reaches the workers' bits. (Where the machine has 8 processors or
+  more, unsized worker processes would have had the same pool.)"""
   config = _config(
     "async_easgd",
     workers=4,
@@ -301,7 +303,8 @@ def test_the_processes_environments_match_the_replay_and_share_a_gpu():
   a GPU, the driver's among them, take its memory as they need it."""
   on_cpu = ray_runtime._actor_environment(0)
   assert on_cpu["JAX_PLATFORMS"] == "cpu"
-  assert on_cpu["PJRT_NPROC"] == str(sharding.cpu_threads())
+  # This process has 8 CPU devices: its pool, and so theirs, has at least 8 threads.
+  assert int(on_cpu["PJRT_NPROC"]) == sharding.cpu_threads() >= 8
   assert ray_runtime.PREALLOCATE_VARIABLE not in on_cpu
   assert "xla_gpu_deterministic_ops" not in on_cpu["XLA_FLAGS"]
   shared = ray_runtime._actor_environment(0.25)
