@@ -218,14 +218,14 @@ def _actor_environment(gpus: float) -> dict[str, str]:
   """The environment of an actor's process: this package importable, one device a
   process (the CPU's, unless it has GPUs).
 
-  A CPU process sizes XLA:CPU's thread pool as this process does
+  A CPU process sizes XLA:CPU's thread pool as the run's process does
   (easgd.infra.sharding.cpu_threads), whatever its node's processors: its
-  convolutions then round as the replay's, which runs with this process's
-  devices on this process's machine. A GPU process asks for XLA:GPU's deterministic ops, as train.py
-  does on a GPU (easgd.infra.platform), also when this process runs on a
-  node without one. A process with a share of a GPU (0 < gpus < 1) takes the
-  GPU's memory as it needs it: the processes that share the GPU could not
-  each take most of it at start, as JAX does by default.
+  convolutions then round as the replay's, which runs with the run's devices
+  on the run's machine. A GPU process asks for XLA:GPU's deterministic ops, as
+  train.py does on a GPU (easgd.infra.platform), also when the run's process
+  has no GPU. A process with a share of a GPU (0 < gpus < 1) takes the GPU's
+  memory as it needs it: the processes that share the GPU could not each take
+  most of it at start, as JAX does by default.
   """
   flags = os.environ.get("XLA_FLAGS", "").split()
   flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
