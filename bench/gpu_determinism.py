@@ -20,6 +20,7 @@ import tempfile
 import numpy as np
 
 from easgd.arguments import ArgumentParser, integer
+from easgd.infra import checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,17 +40,6 @@ def train(workdir: str, steps: int, workers: int, deterministic: bool) -> None:
   subprocess.run([*command, *flags], cwd=REPO, env=env, check=True, capture_output=True)
 
 
-def leaves(workdir: str, steps: int) -> list[np.ndarray]:
-  import jax  # noqa: PLC0415 (after the runs: this process needs no devices before)
-  import orbax.checkpoint as ocp  # noqa: PLC0415
-
-  path = os.path.join(workdir, "checkpoints", str(steps), "state")
-  checkpointer = ocp.PyTreeCheckpointer()
-  tree = checkpointer.metadata(path).item_metadata.tree
-  restore = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-  return jax.tree.leaves(checkpointer.restore(path, restore_args=restore))
-
-
 def main():
   parser = ArgumentParser(prog="bench/gpu_determinism.py", description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=integer(1), default=40)
@@ -61,7 +51,7 @@ def main():
       runs = [os.path.join(root, f"{deterministic}_{n}") for n in range(2)]
       for workdir in runs:
         train(workdir, args.steps, args.workers, deterministic)
-      a, b = (leaves(workdir, args.steps) for workdir in runs)
+      a, b = (checkpoint.saved_leaves(workdir, args.steps) for workdir in runs)
       differing = sum(x.tobytes() != y.tobytes() for x, y in zip(a, b, strict=True))
       largest = max(
         float(np.max(np.abs(x.astype(np.float64) - y))) for x, y in zip(a, b, strict=True)

@@ -13,9 +13,9 @@ import time
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from easgd.configs import default
+from easgd.infra import checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,11 +56,7 @@ def small_flags(overrides: dict | None = None, **top_level) -> list[str]:
 
 def read_state(path) -> list[np.ndarray]:
   """The leaves of a checkpoint's state as NumPy arrays, on any device layout."""
-  checkpointer = ocp.PyTreeCheckpointer()
-  tree = checkpointer.metadata(path).item_metadata.tree
-  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-  restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
-  return [np.asarray(leaf) for leaf in jax.tree.leaves(restored)]
+  return checkpoint.read_leaves(str(path))
 
 
 def assert_same_bits(a_dir, b_dir, step: int) -> None:
@@ -97,8 +93,7 @@ def assert_same_scalars(run_dir, replay_dir) -> None:
 
 
 def steps_saved(workdir) -> list[int]:
-  path = os.path.join(workdir, "checkpoints")
-  return sorted(int(name) for name in os.listdir(path) if name.isdigit())
+  return checkpoint.saved_steps(str(workdir))
 
 
 def assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, algorithm, overrides, stop):

@@ -157,6 +157,31 @@ def saved_step(workdir: str) -> int | None:
     return manager.latest_step()
 
 
+def saved_steps(workdir: str) -> list[int]:
+  """The steps of the checkpoints in `workdir`, oldest first; writes nothing."""
+  path = directory(workdir)
+  if not os.path.isdir(path):
+    return []
+  # Orbax writes a checkpoint under a temporary name and renames it to its step.
+  return sorted(int(name) for name in os.listdir(path) if name.isdigit())
+
+
+def read_leaves(path: str) -> list[np.ndarray]:
+  """The leaves of the training state saved at `path` (<workdir>/checkpoints/<step>/
+  state) as NumPy arrays, whatever device layout wrote them: for comparing two
+  runs' states bit for bit, without building a template."""
+  checkpointer = ocp.PyTreeCheckpointer()
+  tree = checkpointer.metadata(path).item_metadata.tree
+  restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+  return [np.asarray(leaf) for leaf in jax.tree.leaves(restored)]
+
+
+def saved_leaves(workdir: str, step: int) -> list[np.ndarray]:
+  """`read_leaves` of the state that `workdir`'s checkpoint of step `step` holds."""
+  return read_leaves(os.path.join(directory(workdir), str(step), "state"))
+
+
 def saved_config(workdir: str) -> dict | None:
   """The configuration of the newest readable checkpoint in `workdir`, or None; writes nothing.
 
@@ -193,8 +218,7 @@ def _newest_readable(workdir: str) -> tuple[str, dict] | None:
   path = directory(workdir)
   if not os.path.isdir(path):
     return None
-  # Orbax writes a checkpoint under a temporary name and renames it to its step.
-  for step in sorted((int(name) for name in os.listdir(path) if name.isdigit()), reverse=True):
+  for step in reversed(saved_steps(workdir)):
     folder = os.path.join(path, str(step))
     try:
       with open(os.path.join(folder, "config", "metadata")) as handle:
