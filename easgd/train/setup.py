@@ -74,15 +74,17 @@ def model_shapes(config: ml_collections.ConfigDict):
   """The shapes of the tree of config.model on config.data.dataset, traced without data."""
   shape = shape_of(config.data.dataset, config.run.data_dir)
   model = models.get_model(config.model, shape.num_classes, config.dtype)
-  return jax.eval_shape(_initializer(model, shape.image_shape), jax.random.PRNGKey(0))
+  init_params = _initializer(model, shape.image_shape)
+  # Traced whole, the key included: the checks that call this run before train.py
+  # sets the devices, and an array made outside the trace would start a backend.
+  return jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0)))
 
 
 def _initializer(model, image_shape) -> Callable:
   """key -> the model tree (easgd.rules.model_state) of `model` on images of `image_shape`."""
-  sample = jnp.zeros((1, *image_shape))
 
   def init_params(key):
-    return model_state.model_tree(model.init(key, sample))
+    return model_state.model_tree(model.init(key, jnp.zeros((1, *image_shape))))
 
   return init_params
 
