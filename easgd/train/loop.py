@@ -103,6 +103,14 @@ class Trainee(Protocol):
   def evaluate(self, step: int) -> dict[str, float]:
     """Writes and returns the evaluation scalars."""
 
+  def stop_at(self, step: int) -> tuple[int, Any]:
+    """Where a run preempted after the loop's `step` stops: (the step, the metrics of
+    the steps its workers took past `step` to reach it, for `add`; None if none).
+    A runtime whose workers run ahead of the loop (threads, ray) stops them at the
+    first consistent cut they can reach, which may lie past `step`, up to the next
+    scheduled log, evaluation or checkpoint; the loop then logs and evaluates as a
+    run that reached that step does, and saves it."""
+
   def save(self, divergence: "Divergence") -> None:
     """Checkpoints the state. A trainer whose state may hold a diverged model (the
     pipeline) reports each model it finds not finite to `divergence`."""
@@ -231,6 +239,11 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
           consume(1)
         # Every process answers here (multi-process: a collective agreement).
         preempted = watch.should_stop(step)
+        if preempted:
+          stop, taken = trainee.stop_at(step)
+          if stop != step:
+            pending.append((stop, taken, None))
+            step = stop
       if window.closes(step):
         with dog.phase("profile stop", step):
           window.stop(trainee.state, step)

@@ -67,6 +67,9 @@ class Trainee:
   def evaluate(self, step):
     return {}
 
+  def stop_at(self, step):
+    return step, None
+
   def save(self, divergence):
     pass
 

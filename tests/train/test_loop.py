@@ -37,6 +37,9 @@ class ScriptedTrainee:
     self.calls.append(("eval", step))
     return {"eval/center_accuracy": 1.0}
 
+  def stop_at(self, step):
+    return step, None
+
   def save(self, divergence):
     del divergence
     self.calls.append(("save", self.stepped))
@@ -90,6 +93,54 @@ def test_logs_evaluations_and_checkpoints_fall_on_their_steps_with_every_metric_
   # Every step's metrics were added, in order, before the log that covers them.
   logs = {call[1]: call[2] for call in trainee.calls if call[0] == "log"}
   assert logs[4] == [1, 2, 3, 4] and logs[12] == list(range(1, 13))
+
+
+class Preempted:
+  """A PreemptionWatch whose notice comes after step `at`."""
+
+  def __init__(self, at):
+    self.at = at
+
+  def __call__(self):
+    return self
+
+  def should_stop(self, step):
+    return step >= self.at
+
+  def close(self):
+    pass
+
+
+class RunsAhead(ScriptedTrainee):
+  """Workers ahead of the loop: a preemption stops them at the cut of step `cut`,
+  with the steps taken past the loop's."""
+
+  def __init__(self, losses, cut):
+    super().__init__(losses)
+    self.cut = cut
+
+  def stop_at(self, step):
+    taken = self.cut - step
+    self.stepped += taken
+    return self.cut, {"loss": np.ones(1) * taken}
+
+
+def test_a_preempted_run_stops_at_its_runtimes_cut_and_logs_it_as_a_scheduled_step(monkeypatch):
+  """A preemption after step 5 whose cut the workers reach at step 8, a log and
+  evaluation step: logged, evaluated and saved at 8, as a run that never stopped
+  logs it; the steps taken to reach it are added before the log."""
+  monkeypatch.setattr(loop.preemption, "PreemptionWatch", Preempted(5))
+  trainee = RunsAhead([1.0] * 12, cut=8)
+  _, preempted = loop.run(schedule(12, 4, 8, 0), trainee, 0, NoCheckpoints())
+  assert preempted
+  assert [call[:2] for call in trainee.calls] == [
+    ("log", 4),
+    ("log", 8),
+    ("eval", 8),
+    ("save", 8),
+    ("close",),
+  ]
+  assert trainee.calls[1][2] == [1, 2, 3, 4, 5, None]  # the cut's steps, added before the log
 
 
 def test_resumed_at_the_end_still_evaluates_and_finishes():

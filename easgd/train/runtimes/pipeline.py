@@ -146,6 +146,10 @@ class PipelineTrainee:
       final[f"model_{m}/eval/center_accuracy"] = float(accuracies[m])
     return final
 
+  def stop_at(self, step):
+    """A preempted run stops at the loop's step: every model stepped in it."""
+    return step, None
+
   def save(self, divergence):
     # A model that diverged goes on being carried (the others train on), so its
     # slot is saved as it is; one found not finite here is reported diverged.

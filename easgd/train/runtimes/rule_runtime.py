@@ -178,6 +178,10 @@ class RuleReports:
     window.restart(self.clock.worker_steps)
     return train
 
+  def stop_at(self, step):
+    """A preempted run stops at the loop's step: every worker stepped in it."""
+    return step, None
+
   def evaluate(self, step):
     state, evaluator = self.state, self.setup.evaluator
     workers = self.rule.worker_params(state)

@@ -254,14 +254,23 @@ class ThreadsTrainee(RuleReports):
     del context
     return self.add_local_steps(values["loss"], values["accuracy"])
 
+  def stop_at(self, step):
+    """Off the schedule (a preemption notice): the first cut the workers can reach,
+    at most the next scheduled stop (the limit never passes it); the steps that
+    reached it since the loop took them come with it."""
+    pool = self.pool
+    with pool.cond:
+      if self.cut == pool.limit + 1 and pool.parked():
+        return step, None  # at a scheduled cut already
+      pool.lower_limit()
+      self._cut()
+      self._loop_step = self.cut
+      logging.info("stopping at the consistent cut after step %d", self.cut)
+      return self.cut, pool.take_local_steps()
+
   def save(self, divergence):
     pool = self.pool
     with pool.cond:
-      if self.cut != pool.limit + 1 or not pool.parked():
-        # Off the schedule (a preemption notice): the first cut the workers can reach.
-        pool.lower_limit()
-        self._cut()
-        logging.info("saving the consistent cut after step %d", self.cut)
       # The steps that reached the cut since the loop took them: their values join the
       # log window that the checkpoint saves.
       taken = pool.take_local_steps()
