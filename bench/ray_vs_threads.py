@@ -91,7 +91,9 @@ def main() -> None:
     sharding.configure_cpu_devices(args.workers)  # threads: a device a worker, as ray has
   import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)
 
-  ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+  ray.init(  # a Ray of its own, not the one `ray start` last started here
+    address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR"
+  )
   when = time.strftime("%Y-%m-%d %H:%M")
   print(f"# {when}, load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores, {BACKEND} workers")
   rows = []

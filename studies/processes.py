@@ -295,7 +295,9 @@ def main():
   logging.getLogger("absl").setLevel(logging.WARNING)
   import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)
 
-  ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+  ray.init(  # a Ray of its own, not the one `ray start` last started here
+    address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR"
+  )
 
   def run_dir(*parts) -> str:
     return os.path.join(args.workdir, *map(str, parts))

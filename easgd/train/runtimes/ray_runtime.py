@@ -74,8 +74,13 @@ def connect(config: ml_collections.ConfigDict) -> bool:
     return False
   address = check_address(config)
   try:
+    # "local": a new embedded Ray. None would join the cluster `ray start` (or
+    # ray.cluster_utils) last started on this machine, running or not.
     ray.init(
-      address=address or None, include_dashboard=False, log_to_driver=False, logging_level="ERROR"
+      address=address or "local",
+      include_dashboard=False,
+      log_to_driver=False,
+      logging_level="ERROR",
     )
   except (ConnectionError, RuntimeError, ValueError) as error:
     first = str(error).splitlines()[0] if str(error) else type(error).__name__

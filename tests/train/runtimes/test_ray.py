@@ -42,7 +42,9 @@ RUN = {
 
 @pytest.fixture(scope="module")
 def embedded_ray():
-  ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+  ray.init(  # a Ray of its own, not the one `ray start` last started here
+    address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR"
+  )
   yield
   ray.shutdown()
 

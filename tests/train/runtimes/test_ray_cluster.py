@@ -55,3 +55,23 @@ def test_train_py_on_a_two_node_cluster_spreads_its_workers_and_replays_to_its_b
   assert replay.wait(240) == 0, replay.tail()
   for step in (12, 24):
     assert_same_bits(tmp_path / "real", tmp_path / "replay", step)
+
+
+@pytest.mark.e2e
+def test_an_empty_address_starts_a_ray_of_its_own_beside_a_running_cluster(monkeypatch):
+  """ray.address='' (and no RAY_ADDRESS) is an embedded Ray that the run starts and
+  ends, not the cluster `ray start` or ray.cluster_utils last started on the
+  machine, which Ray's own default (address None) joins."""
+  from easgd.train.runtimes import ray_runtime  # noqa: PLC0415 (after the devices are set)
+  from runs import config_with  # noqa: PLC0415
+
+  monkeypatch.delenv("RAY_ADDRESS", raising=False)
+  cluster = cluster_utils.Cluster(
+    initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+  )
+  try:
+    assert ray_runtime.connect(config_with({"runtime": "ray"}))
+    assert ray.get_runtime_context().gcs_address != cluster.address
+  finally:
+    ray.shutdown()
+    cluster.shutdown()
