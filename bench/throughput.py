@@ -17,7 +17,6 @@ shared and noisy); the median round is reported with its ratio to the
 baseline's median, and async_easgd's to sync_easgd's with the same tau.
 """
 
-import argparse
 import statistics
 import time
 
@@ -30,6 +29,7 @@ import optax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from easgd import models, rules, steps  # noqa: E402
+from easgd.arguments import ArgumentParser, integer  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.data import datasets  # noqa: E402
 from easgd.infra import sharding  # noqa: E402
@@ -87,11 +87,11 @@ def timed(step_fn, state, next_args, num_steps):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workers", type=int, default=8)
-  parser.add_argument("--batch_size", type=int, default=32)
-  parser.add_argument("--steps", type=int, default=100)
-  parser.add_argument("--rounds", type=int, default=3)
+  parser = ArgumentParser(prog="bench/throughput.py", description=__doc__.splitlines()[0])
+  parser.add_argument("--workers", type=integer(1), default=8)
+  parser.add_argument("--batch_size", type=integer(1), default=32)
+  parser.add_argument("--steps", type=integer(1), default=100)
+  parser.add_argument("--rounds", type=integer(1), default=3)
   args = parser.parse_args()
 
   dataset = datasets.load_dataset("mnist5k")
@@ -135,8 +135,9 @@ def main():
   for name, tau, hand_written in [(n, t, False) for n, t in measured_rules()] + [
     (plain, TAU, True)
   ]:
+    # A rule without a period (tau 0 here) pushes or pulls every step: period 1.
     hyper = rules.Hyper(
-      args.workers, 0.05, comm_period=tau, moving_rate=0.9 / args.workers, n_sync=4
+      args.workers, 0.05, comm_period=tau or 1, moving_rate=0.9 / args.workers, n_sync=4
     )
     rule = rules.make_rule(name, hyper)
     if hand_written:
