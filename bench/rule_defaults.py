@@ -10,7 +10,6 @@ seconds. The default run's band is >= 0.95 at the end; every rule should be
 in it. tests/train/test_rule_defaults.py runs them on a short schedule.
 """
 
-import argparse
 import re
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import tempfile
 import time
 
 from easgd import rules
+from easgd.arguments import ArgumentParser, integer
 
 DONE = re.compile(r"eval/center_accuracy ([0-9.]+)")
 BAND = 0.95
@@ -45,14 +45,14 @@ def run(rule: str, steps: int, workdir: str) -> tuple[float, float]:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = ArgumentParser(prog="bench/rule_defaults.py", description=__doc__.split("\n")[0])
   parser.add_argument("--rules", default=",".join(rules.RULES), help="comma-separated rules")
-  parser.add_argument("--steps", type=int, default=600, help="run.total_steps")
+  parser.add_argument("--steps", type=integer(1), default=600, help="run.total_steps")
   args = parser.parse_args()
   names = args.rules.split(",")
   unknown = [name for name in names if name not in rules.RULES]
   if unknown:
-    parser.error(f"--rules: unknown {', '.join(unknown)}; valid: {', '.join(rules.RULES)}")
+    parser.error(f"--rules={args.rules!r} is invalid: valid: {', '.join(rules.RULES)}")
   print(f"| rule | its own defaults | center accuracy at step {args.steps} | seconds |")
   print("| --- | --- | --- | --- |")
   outside = []

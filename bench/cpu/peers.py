@@ -34,7 +34,7 @@ step for every row, PyTorch's included (the same arithmetic).
 With --split it also times the forward pass alone and forward + backward
 without the update, in every process: where a step's time goes.
 
-`pip install torch==2.13.0` takes PyTorch's CPU wheel; it is not among the
+`pip install torch==2.13.0` (any build: it runs on the CPU) is not among the
 project's requirements. Without it the torch rows are left out.
 """
 
@@ -252,7 +252,7 @@ def main():
   if torch_available():
     print(f"torch found; XLA:CPU and torch's first rows use {xla_threads()} threads")
   else:
-    print("torch is not installed: pip install torch==2.13.0 (CPU wheel) to compare")
+    print("torch is not installed: pip install torch==2.13.0 to compare")
   peak_worker = Worker({"kind": "peak"}, "lenet5", args.batch_size)
   try:
     for name in args.models:
