@@ -1,8 +1,9 @@
 """Every GPU measurement of the project in one command, for one GPU and a few minutes.
 
-    python bench/gpu_check.py [--report gpu_check.md] [--minutes 9] [--wheels DIR]
+    python bench/gpu_check.py [--report runs/gpu_check.md] [--minutes 9] [--wheels DIR]
 
-Runs, each as a process of its own with its share of the time, on the first GPU:
+Runs, each as a process of its own with its share of --minutes (it is stopped,
+with every process it started, when its share is spent), on the first GPU:
   tier         the GPU tier of the tests (pytest -m gpu, tests/test_gpu.py);
   resnet50     bench/gpu.py's ResNet-50 row: bfloat16, batch 256;
   small        bench/gpu.py's ResNet-20 and LeNet-5 rows (float32, batch 512 and
@@ -11,21 +12,23 @@ Runs, each as a process of its own with its share of the time, on the first GPU:
                XLA:GPU's deterministic ops, leaf by leaf;
   ray          bench/ray_replay.py on 4 worker processes sharing the GPU and the
                replay of their trace, leaf by leaf (needs ray: skipped without it);
-and writes one report (Markdown): the device, the versions of the packages the
-project pins beside its pins, and for each part its command, exit status,
-seconds and the end of its output. It prints one line a part as it goes.
+and writes one report (Markdown), rewritten after each part: the device, the
+version of each package the project pins beside its pin, and for each part
+its command, exit status, seconds and the end of its output. It prints one
+line a part as it goes, and exits 1 if a part failed or was stopped.
 
 --wheels DIR: wheels to install first (pip install --no-index --no-deps into a
-folder of the report's, put on the parts' PYTHONPATH), for a GPU machine
-without the package index that has jax and its CUDA plugin but not the
-project's other pins. The report names every pinned package the parts could
-not import, or imported at another version. On a machine with JAX 0.11.2, its
-CUDA plugin, flax, optax, orbax-checkpoint, numpy, absl-py, matplotlib,
-scikit-learn and tensorboard, these wheels make the pins whole (sizes for
-Python 3.12, x86_64): ml-collections 75 KB, tensorboardX 86 KB, mlxtend 1.3 MB,
-tensorflow-datasets 5.2 MB with its array-record 3.8 MB, grain 0.6 MB,
-importlib_resources 37 KB and, at the pinned versions, flax 0.5 MB, optax 0.4 MB,
-orbax-checkpoint 1.4 MB, numpy 15 MB; ray's is 77 MB (the ray part only).
+new temporary folder, put on the parts' PYTHONPATH), for a GPU machine without
+the package index that has jax 0.11.2 and its CUDA plugin but not all of the
+project's pins. The pins such a machine may lack, by their wheels' sizes for
+Python 3.12 on x86_64: ml-collections 75 KB, tensorboardX 86 KB, mlxtend
+1.3 MB, tensorflow-datasets 5.2 MB, array-record 3.8 MB, grain 0.6 MB,
+importlib_resources 37 KB, pytest and pytest-xdist (the tier), flax 0.5 MB,
+optax 0.4 MB, orbax-checkpoint 1.4 MB, numpy 15 MB, and ray 77 MB (the ray
+part only); each also needs the dependencies of its own that the machine
+lacks (tensorflow-datasets: dm-tree, immutabledict, promise, simple-parsing,
+tensorflow-metadata, termcolor, toml; ray: jsonschema). The report's table
+names every pinned package that is missing or at another version.
 
 Without a GPU, or with a bad argument, it refuses in one line (exit 2) and
 writes nothing. The parts' own figures and their meaning: bench/README.md,
@@ -35,8 +38,10 @@ writes nothing. The parts' own figures and their meaning: bench/README.md,
 import datetime
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from easgd.arguments import ArgumentParser, existing_directory, fail, number, output_file
@@ -112,8 +117,10 @@ def versions(environment: dict[str, str]) -> dict[str, str | None]:
     env=environment,
     capture_output=True,
     text=True,
-    check=True,
+    check=False,
   )
+  if done.returncode:
+    fail(f"could not read the installed versions: {done.stderr.strip().splitlines()[-1:]}")
   found = dict(line.split(" ", 1) for line in done.stdout.splitlines())
   return {name: None if found.get(name, "-") == "-" else found[name] for name in names}
 
@@ -133,14 +140,21 @@ def first_device(environment: dict[str, str]) -> tuple[str, str]:
   return platform, kind
 
 
-def install(wheels: str, target: str) -> None:
-  """The wheels of `wheels` into `target`, none of their dependencies, no index."""
+def wheel_files(wheels: str) -> list[str]:
+  """The .whl files of the folder `wheels`; one line and exit 2 if it holds none."""
   files = sorted(os.path.join(wheels, f) for f in os.listdir(wheels) if f.endswith(".whl"))
   if not files:
-    fail(f"--wheels={wheels!r} holds no .whl file")
+    fail(f"--wheels={wheels!r} holds no .whl file: give the folder of the wheels to install")
+  return files
+
+
+def install(files: list[str], target: str) -> None:
+  """The wheels `files` into `target`, none of their dependencies, no index."""
   command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
   command += ["--no-compile", "--upgrade", "--target", target, *files]
-  subprocess.run(command, check=True)
+  done = subprocess.run(command, capture_output=True, text=True, check=False)
+  if done.returncode:
+    fail(f"pip could not install --wheels: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
 def run_part(name: str, seconds: float, environment: dict[str, str]) -> dict:
@@ -148,26 +162,28 @@ def run_part(name: str, seconds: float, environment: dict[str, str]) -> dict:
   arguments, _ = COMMANDS[name]
   command = [sys.executable, *arguments]
   started = time.perf_counter()
+  # A session of its own: a part stopped at its time takes the processes it started
+  # (train.py runs, Ray's actors) with it, and the next part has the GPU to itself.
+  part = subprocess.Popen(
+    command,
+    cwd=REPO,
+    env=environment,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    start_new_session=True,
+  )
   try:
-    done = subprocess.run(
-      command,
-      cwd=REPO,
-      env=environment,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-      timeout=seconds,
-      check=False,
-    )
-    status, output = done.returncode, done.stdout
-  except subprocess.TimeoutExpired as stopped:
+    output, _ = part.communicate(timeout=seconds)
+    status = part.returncode
+  except subprocess.TimeoutExpired:
+    os.killpg(part.pid, signal.SIGKILL)
+    output, _ = part.communicate()
     status = f"stopped after {seconds:.0f} s"
-    output = stopped.stdout if isinstance(stopped.stdout, str) else (stopped.stdout or b"").decode()
   return {
     "command": " ".join(["python", *arguments]),
     "status": status,
     "seconds": time.perf_counter() - started,
-    "output": output,
+    "output": output.decode(errors="replace"),
   }
 
 
@@ -178,6 +194,7 @@ def skipped_status(result: dict):
 
 
 def report(path: str, kind: str, found: dict, results: dict) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   pinned = pins()
   lines = [
     "# bench/gpu_check.py",
@@ -204,7 +221,7 @@ def report(path: str, kind: str, found: dict, results: dict) -> None:
 
 def main():
   parser = ArgumentParser(prog="bench/gpu_check.py", description=__doc__.splitlines()[0])
-  parser.add_argument("--report", type=output_file("--report"), default="gpu_check.md")
+  parser.add_argument("--report", type=output_file("--report"), default="runs/gpu_check.md")
   parser.add_argument("--minutes", type=number(1), default=9.0, help="the whole check's time")
   parser.add_argument("--wheels", type=existing_directory("--wheels"), default=None)
   parser.add_argument("--parts", default=",".join(PARTS), help=f"some of {', '.join(PARTS)}")
@@ -214,11 +231,15 @@ def main():
   if unknown or not parts:
     parser.error(f"--parts={args.parts!r} is invalid: valid: {', '.join(PARTS)}")
 
+  files = wheel_files(args.wheels) if args.wheels else []
+
+  # The first GPU, as the parts' figures say; the parts import easgd from this
+  # checkout, installed or not, and the wheels from a folder of this run's.
   environment = dict(os.environ, PYTHONUNBUFFERED="1")
-  # The parts import easgd from this checkout, installed or not.
+  environment.setdefault("CUDA_VISIBLE_DEVICES", "0")
   path = [REPO, environment.get("PYTHONPATH", "")]
-  if args.wheels:
-    target = os.path.join(os.path.dirname(os.path.abspath(args.report)), "gpu_check_site")
+  if files:
+    target = tempfile.mkdtemp(prefix="gpu_check_site_")
     path.insert(0, target)
   environment["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
   platform, kind = first_device(environment)
@@ -229,8 +250,8 @@ def main():
       f"bench/gpu_check.py measures a GPU; JAX finds only {platform} devices here "
       '(install the CUDA build: pip install -e ".[cuda13]", README)'
     )
-  if args.wheels:
-    install(args.wheels, target)
+  if files:
+    install(files, target)
   found = versions(environment)
   results = {}
   budget = args.minutes * 60

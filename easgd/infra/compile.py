@@ -5,9 +5,9 @@ jaxlib 0.10 YNNPACK computed a convolution's filter gradient (which XLA
 rewrites as a batch-folded convolution) many times slower than Eigen's
 convolution did (bench/cpu/conv_grad.py). Asking for YNNPACK fusions of dot
 products only sends the convolutions back to Eigen; under jaxlib 0.11 that
-still makes ResNet-20's step about 9% faster (bench/cpu/README.md). The option is given to
-each program as it is compiled, not through XLA_FLAGS, so that nothing else
-in the process changes.
+still makes ResNet-20's step about 9% faster (bench/cpu/README.md). The
+option is given to each program as it is compiled, not through XLA_FLAGS, so
+that nothing else in the process changes.
 
 On GPUs and TPUs no option is given (XLA:GPU's determinism is a flag of
 XLA_FLAGS, set by easgd.infra.platform).

@@ -241,9 +241,11 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
         preempted = watch.should_stop(step)
         if preempted:
           stop, taken = trainee.stop_at(step)
-          if stop != step:
+          if taken is not None:
             pending.append((stop, taken, None))
-            step = stop
+          step = stop
+          # A cut at the end is the end: the run finishes as one never stopped.
+          preempted = step < total
       if window.closes(step):
         with dog.phase("profile stop", step):
           window.stop(trainee.state, step)

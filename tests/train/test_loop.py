@@ -120,9 +120,9 @@ class RunsAhead(ScriptedTrainee):
     self.cut = cut
 
   def stop_at(self, step):
-    taken = self.cut - step
-    self.stepped += taken
-    return self.cut, {"loss": np.ones(1) * taken}
+    past = self.cut - step
+    self.stepped += past
+    return self.cut, {"loss": np.ones(1) * past}
 
 
 def test_a_preempted_run_stops_at_its_runtimes_cut_and_logs_it_as_a_scheduled_step(monkeypatch):
@@ -141,6 +141,20 @@ def test_a_preempted_run_stops_at_its_runtimes_cut_and_logs_it_as_a_scheduled_st
     ("close",),
   ]
   assert trainee.calls[1][2] == [1, 2, 3, 4, 5, None]  # the cut's steps, added before the log
+
+
+def test_a_preemption_whose_cut_is_the_last_step_finishes_the_run(monkeypatch):
+  monkeypatch.setattr(loop.preemption, "PreemptionWatch", Preempted(10))
+  trainee = RunsAhead([1.0] * 12, cut=12)
+  _, preempted = loop.run(schedule(12, 4, 0, 0), trainee, 0, NoCheckpoints())
+  assert not preempted
+  assert [call[:2] for call in trainee.calls][-5:] == [
+    ("log", 12),
+    ("eval", 12),
+    ("save", 12),
+    ("finish",),
+    ("close",),
+  ]
 
 
 def test_resumed_at_the_end_still_evaluates_and_finishes():

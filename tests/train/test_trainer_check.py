@@ -34,13 +34,13 @@ for algorithm in schema.ALGORITHMS:
     cli.with_rule_defaults(config)
     try:
       chosen = trainer.check(config)
+      chosen.environment(config, platform.expected_backend())
+      schema.resolve_devices(config)
+      checked.append(algorithm)
     except ConfigError:
-      continue  # a pair the runtime refuses, before any model is built
-    chosen.environment(config, platform.expected_backend())
-    schema.resolve_devices(config)
+      pass  # a pair the runtime refuses: its checks may start no backend either
     if xla_bridge.backends_are_initialized():
       sys.exit(f"the checks of {algorithm} on runtime={runtime} started a JAX backend")
-    checked.append(algorithm)
 print(" ".join(sorted(set(checked))))
 """
 

@@ -8,7 +8,8 @@ limit is the next step at which the loop logs, evaluates or checkpoints;
 at that step the loop waits until every worker is parked there, and
 evaluates or saves that consistent cut, which the replay of the trace
 (cluster.replay) reaches at the same step. A preemption notice lowers the
-limit to one tick past the leading worker and saves that cut.
+limit to one tick past the leading worker, at most the next such step: the
+loop stops there, logs and evaluates it if it is one of theirs, and saves it.
 
 Each worker's step and each master operation is compiled as shard_map over
 a mesh of its one device, with the tick program's own conditionals around
@@ -255,9 +256,10 @@ class ThreadsTrainee(RuleReports):
     return self.add_local_steps(values["loss"], values["accuracy"])
 
   def stop_at(self, step):
-    """Off the schedule (a preemption notice): the first cut the workers can reach,
-    at most the next scheduled stop (the limit never passes it); the steps that
-    reached it since the loop took them come with it."""
+    """A preemption notice after the loop's `step`: that step if the workers are at
+    its cut already (a scheduled one), else the first cut they can reach, at most
+    the next scheduled stop (the limit never passes it), with the steps that
+    reached it since the loop took them."""
     pool = self.pool
     with pool.cond:
       if self.cut == pool.limit + 1 and pool.parked():
@@ -269,12 +271,9 @@ class ThreadsTrainee(RuleReports):
       return self.cut, pool.take_local_steps()
 
   def save(self, divergence):
+    del divergence  # every step's loss was checked as the loop added it (step, stop_at)
     pool = self.pool
     with pool.cond:
-      # The steps that reached the cut since the loop took them: their values join the
-      # log window that the checkpoint saves.
-      taken = pool.take_local_steps()
-      divergence.check(self.cut, self.add_local_steps(taken["loss"], taken["accuracy"]))
       pool.trace.sync()
       clock_state = pool.clock.state_dict()
     self.setup.checkpointer.save(self.state, clock_state, self.setup.config)

@@ -1,14 +1,15 @@
 """runtime=ray on a cluster: two Ray nodes started on this machine
 (ray.cluster_utils, as `ray start --head` and `ray start --address=` would on
 two hosts), train.py joining them by ray.address, its processes spread over
-both nodes, and its trace replayed to the same bits."""
+both nodes, and its trace replayed to the same bits; an empty ray.address
+beside a running cluster starts a Ray of its own."""
 
 import re
 
 import pytest
 
 from easgd.train.runtimes import trace
-from runs import assert_same_bits, train
+from runs import assert_same_bits, config_with, train
 
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -63,7 +64,6 @@ def test_an_empty_address_starts_a_ray_of_its_own_beside_a_running_cluster(monke
   ends, not the cluster `ray start` or ray.cluster_utils last started on the
   machine, which Ray's own default (address None) joins."""
   from easgd.train.runtimes import ray_runtime  # noqa: PLC0415 (after the devices are set)
-  from runs import config_with  # noqa: PLC0415
 
   monkeypatch.delenv("RAY_ADDRESS", raising=False)
   cluster = cluster_utils.Cluster(

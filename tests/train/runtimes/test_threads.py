@@ -20,6 +20,7 @@ from runs import (
   assert_same_scalars,
   config_with,
   read_state,
+  steps_saved,
   stop_resume_and_replay,
   train,
 )
@@ -254,6 +255,54 @@ def test_train_py_refuses_a_missing_trace_writing_nothing(tmp_path, starter):
   assert code == 2 and stdout == ""
   assert stderr.strip().splitlines()[-1].startswith("error: cluster.replay=")
   assert not workdir.exists()
+
+
+@pytest.mark.e2e
+def test_a_preemption_with_the_workers_at_the_next_log_logs_it_and_resumes_as_the_replay(
+  tmp_path, monkeypatch
+):
+  """The notice comes at the loop's step 13 with every worker parked at the limit,
+  the tick before the next log (24): the run stops at that cut, logs, evaluates
+  and saves step 24 as a run never stopped does, and once resumed has logged and
+  saved what the replay of its trace does."""
+  from easgd.train import loop  # noqa: PLC0415
+  from easgd.train.runtimes import threads  # noqa: PLC0415
+
+  pools = []
+  made = threads.ThreadsTrainee.__init__
+
+  def keep_the_pool(self, *args, **kwargs):
+    made(self, *args, **kwargs)
+    pools.append(self.pool)
+
+  class NoticeWithTheWorkersAhead:
+    def should_stop(self, step):
+      if step != 13:
+        return False
+      pool = pools[-1]
+      with pool.cond:
+        pool.wait(pool.parked)  # no clock: the workers reach the limit, then the notice
+      return True
+
+    def close(self):
+      pass
+
+  real_watch = loop.preemption.PreemptionWatch
+  monkeypatch.setattr(threads.ThreadsTrainee, "__init__", keep_the_pool)
+  monkeypatch.setattr(loop.preemption, "PreemptionWatch", NoticeWithTheWorkersAhead)
+  config = _config("async_easgd", 2, **{"run.total_steps": 36}, runtime="threads")
+  real = tmp_path / "real"
+  result = trainer.train_and_evaluate(config, str(real))
+  assert result.preempted and steps_saved(real) == [12, 24]
+  monkeypatch.setattr(loop.preemption, "PreemptionWatch", real_watch)
+  assert not trainer.train_and_evaluate(config, str(real)).preempted
+  config.runtime = "simulated"
+  config.cluster.replay = str(real / trace.FILE)
+  replay = tmp_path / "replay"
+  trainer.train_and_evaluate(config, str(replay))
+  for step in (24, 36):
+    assert_same_bits(real, replay, step)
+  assert_same_scalars(real, replay)
 
 
 @pytest.mark.e2e
