@@ -25,7 +25,7 @@ from absl import logging
 
 from easgd.errors import ConfigError, require
 from easgd.infra import platform, sharding
-from easgd.rules import RULES
+from easgd.rules import RULES, Hyper, make_rule
 from easgd.train.runtimes.rule_runtime import parameter_server_rules
 from easgd.train.runtimes.threads import ThreadsRuntime, ThreadsTrainee
 
@@ -276,6 +276,23 @@ class RayRuntime(ThreadsRuntime):
     check_address(config)
 
   @classmethod
+  def check_model(cls, config: ml_collections.ConfigDict, shapes) -> None:
+    """The servers split the center by parameter blocks: at most one a block. Traced
+    from the shapes alone, before the run writes anything."""
+    tree = shapes()
+    super().check_model(config, lambda: tree)
+    rule = make_rule(config.algorithm, Hyper.from_config(config))
+    key = jax.ShapeDtypeStruct((2,), np.uint32)
+    blocks = len(jax.tree.leaves(jax.eval_shape(rule.init, tree, key).center))
+    require(
+      config.ray.servers <= blocks,
+      "ray.servers",
+      config.ray.servers,
+      f"the center is split by parameter blocks, and {config.model} has {blocks}: "
+      f"at most {blocks} servers",
+    )
+
+  @classmethod
   def environment(cls, config: ml_collections.ConfigDict, backend: str) -> dict[str, str]:
     """The runtimes' own, and on a GPU this process takes the GPU's memory as it
     needs it: the worker processes that Ray places on this node's GPUs could not
@@ -294,14 +311,6 @@ class RayRuntime(ThreadsRuntime):
     import ray  # noqa: PLC0415 (module docstring)
 
     config = self.setup.config
-    blocks = len(jax.tree.leaves(state.center))
-    require(
-      config.ray.servers <= blocks,
-      "ray.servers",
-      config.ray.servers,
-      f"the center is split by parameter blocks, and {config.model} has {blocks}: "
-      f"at most {blocks} servers",
-    )
     started = connect(config)
     try:
       wanted = config.workers * config.ray.worker_gpus

@@ -280,6 +280,10 @@ def test_ray_is_refused_for_what_it_does_not_run():
     threads = _config("async_easgd", runtime="threads", **{field: value})
     _refused(threads, rf"^config.{field}=.* only the ray runtime reads it")
   _refused(_config("async_easgd", runtime="ray", **{"ray.servers": 0}), r"^config.ray.servers=0")
+  # The servers split the center by blocks: checked from the model's shapes, before a run.
+  too_many = _config("async_easgd", runtime="ray", **{"ray.servers": 7})
+  _refused(too_many, r"^config.ray.servers=7 is invalid: .* mlp has 6: at most 6 servers")
+  trainer.check(_config("async_easgd", runtime="ray", **{"ray.servers": 6}))
   bad_policy = _config("async_easgd", runtime="ray", **{"cluster.on_worker_loss": "retry"})
   _refused(bad_policy, r"^config.cluster.on_worker_loss='retry' is invalid")
 
@@ -287,7 +291,6 @@ def test_ray_is_refused_for_what_it_does_not_run():
 @pytest.mark.e2e  # sets up a run (the data, the model) up to its first write
 def test_what_only_a_run_can_check_is_refused_before_anything_is_written(tmp_path):
   for overrides, pattern in [
-    ({"ray.servers": 7}, r"^config.ray.servers=7 is invalid: .* mlp has 6: at most 6 servers"),
     ({"ray.worker_gpus": 1.0}, r"^config.ray.worker_gpus=1.0 is invalid: 2 workers would take"),
   ]:
     workdir = tmp_path / str(len(list(tmp_path.iterdir())))
