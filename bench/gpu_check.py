@@ -120,7 +120,9 @@ def versions(environment: dict[str, str]) -> dict[str, str | None]:
     check=False,
   )
   if done.returncode:
-    fail(f"could not read the installed versions: {done.stderr.strip().splitlines()[-1:]}")
+    fail(
+      f"could not read the installed versions: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+    )
   found = dict(line.split(" ", 1) for line in done.stdout.splitlines())
   return {name: None if found.get(name, "-") == "-" else found[name] for name in names}
 
@@ -157,6 +159,14 @@ def install(files: list[str], target: str) -> None:
     fail(f"pip could not install --wheels: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
+def stop(part: subprocess.Popen) -> None:
+  """Kills a part's process group: the part and every process it started."""
+  try:
+    os.killpg(part.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+
+
 def run_part(name: str, seconds: float, environment: dict[str, str]) -> dict:
   """One part as a process of its own, stopped after `seconds`."""
   arguments, _ = COMMANDS[name]
@@ -176,9 +186,12 @@ def run_part(name: str, seconds: float, environment: dict[str, str]) -> dict:
     output, _ = part.communicate(timeout=seconds)
     status = part.returncode
   except subprocess.TimeoutExpired:
-    os.killpg(part.pid, signal.SIGKILL)
+    stop(part)
     output, _ = part.communicate()
     status = f"stopped after {seconds:.0f} s"
+  except BaseException:  # this script stopped (Ctrl-C, SIGTERM): the part with it
+    stop(part)
+    raise
   return {
     "command": " ".join(["python", *arguments]),
     "status": status,
@@ -234,14 +247,12 @@ def main():
   files = wheel_files(args.wheels) if args.wheels else []
 
   # The first GPU, as the parts' figures say; the parts import easgd from this
-  # checkout, installed or not, and the wheels from a folder of this run's.
+  # checkout, installed or not (and the wheels, below, from a folder of this run's).
   environment = dict(os.environ, PYTHONUNBUFFERED="1")
   environment.setdefault("CUDA_VISIBLE_DEVICES", "0")
-  path = [REPO, environment.get("PYTHONPATH", "")]
-  if files:
-    target = tempfile.mkdtemp(prefix="gpu_check_site_")
-    path.insert(0, target)
-  environment["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+  environment["PYTHONPATH"] = os.pathsep.join(
+    p for p in (REPO, environment.get("PYTHONPATH", "")) if p
+  )
   platform, kind = first_device(environment)
   if platform == "no":
     fail(f"bench/gpu_check.py measures a GPU; JAX did not start here: {kind}")
@@ -250,11 +261,22 @@ def main():
       f"bench/gpu_check.py measures a GPU; JAX finds only {platform} devices here "
       '(install the CUDA build: pip install -e ".[cuda13]", README)'
     )
-  if files:
-    install(files, target)
+  # SIGTERM (a scheduler's limit) ends this script as Ctrl-C does: the running part too.
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+  with tempfile.TemporaryDirectory(prefix="gpu_check_site_") as site:
+    if files:
+      install(files, site)
+      environment["PYTHONPATH"] = os.pathsep.join((site, environment["PYTHONPATH"]))
+    results = run_parts(parts, args.minutes * 60, environment, args.report, kind)
+  print(f"report: {args.report}")
+  if any(result["status"] not in (0, skipped_status(result)) for result in results.values()):
+    sys.exit(1)
+
+
+def run_parts(parts, budget: float, environment, report_path: str, kind: str) -> dict:
+  """Each part with its share of `budget` seconds; the report rewritten after each."""
   found = versions(environment)
   results = {}
-  budget = args.minutes * 60
   share = sum(COMMANDS[part][1] for part in parts)
   for part in parts:
     need = NEEDS.get(part)
@@ -264,10 +286,8 @@ def main():
     else:
       results[part] = run_part(part, budget * COMMANDS[part][1] / share, environment)
     print(f"{part}: {results[part]['status']} ({results[part]['seconds']:.0f} s)", flush=True)
-    report(args.report, kind, found, results)
-  print(f"report: {args.report}")
-  if any(result["status"] not in (0, skipped_status(result)) for result in results.values()):
-    sys.exit(1)
+    report(report_path, kind, found, results)
+  return results
 
 
 if __name__ == "__main__":
