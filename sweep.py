@@ -6,19 +6,26 @@ overrides apply to every point. Finished points are skipped, so a stopped
 sweep is resumed by running the same command. The sweep ends with
 <workdir>/summary.md and summary.csv, best final center accuracy first.
 
+With --parallel N the points run N at a time as Ray tasks (easgd.executor),
+each with the resources it asks for (--point_cpus, --point_gpus: a GPU or a
+fraction of one), on this machine or on the Ray cluster at --ray_address
+(or $RAY_ADDRESS), whose nodes must share the workdir. Each point is the same
+train.py run, to the same bits, its output in <workdir>/<point>/train.log; a
+point whose process is lost is retried (--point_retries) and resumes from its
+checkpoint. A sweep with failed points exits 1 once the others are done.
+
 With --pipeline the sweep runs as one pipelined multi-model run instead
 (config.algorithm=pipeline, one model per point, <workdir>/model_<k>): the
 swept fields must be among the pipeline's per-model values.
 """
 
 import os
-import subprocess
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from easgd import arguments, cli, sweep
+from easgd import arguments, cli, executor, sweep
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint
 from easgd.pipeline import programs
@@ -29,38 +36,57 @@ TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 _CONFIG = cli.define_config(None, "Config file with get_sweep().")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs and the summary go.")
 _PIPELINE = flags.DEFINE_bool("pipeline", False, "Run the sweep as one pipelined run.")
+_PARALLEL = flags.DEFINE_integer(
+  "parallel", None, "Run this many points at once as Ray tasks (default: one after another)."
+)
+_POINT_CPUS = flags.DEFINE_float("point_cpus", None, "CPUs a point asks Ray for (default 1).")
+_POINT_GPUS = flags.DEFINE_float(
+  "point_gpus",
+  None,
+  "GPUs a point asks Ray for: 0 (default), a fraction in (0, 1) or a whole number.",
+)
+_RAY_ADDRESS = flags.DEFINE_string(
+  "ray_address",
+  "",
+  "A running Ray cluster's HOST:PORT or 'auto' (default: $RAY_ADDRESS, or "
+  "a Ray on this machine); implies --parallel.",
+)
+_POINT_RETRIES = flags.DEFINE_integer(
+  "point_retries", None, "Times a point whose process is lost is run again (default 3)."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _train(workdir: str, overrides: list[str]) -> int:
-  """Runs train.py with the sweep's config file and `overrides`; returns its exit code."""
+def _command(workdir: str, overrides: list[str]) -> list[str]:
+  """The train.py command of the sweep's config file with `overrides` into `workdir`."""
   config_file = config_flags.get_config_filename(flags.FLAGS["config"])
-  command = [sys.executable, TRAIN, f"--config={config_file}"]
-  return subprocess.run([*command, *overrides, f"--workdir={workdir}"], check=False).returncode
+  return [sys.executable, TRAIN, f"--config={config_file}", *overrides, f"--workdir={workdir}"]
 
 
 def _finished(workdir: str, total_steps: int) -> bool:
   return checkpoint.saved_step(workdir) == total_steps
 
 
-def _status(code: int) -> str:
-  return {0: "done", 1: "diverged"}.get(code, f"failed (exit {code})")
-
-
-def run_points(points, config, user_flags, workdir) -> list[dict]:
-  rows = []
+def run_points(points, config, user_flags, workdir, parallel=None) -> list[dict]:
+  """Runs the points not finished yet (in parallel on Ray with `parallel`); their rows."""
+  rows, jobs = [], {}
   for number, point in enumerate(points):
     run_dir = os.path.join(workdir, sweep.name(point))
-    row = {"run": sweep.name(point), **point}
-    if _finished(run_dir, sweep.apply(config, point).run.total_steps):
-      print(f"sweep: point {number + 1}/{len(points)} {row['run']} is finished", flush=True)
-      row["status"] = "done"
-    else:
-      print(f"sweep: point {number + 1}/{len(points)} {row['run']}", flush=True)
-      point_flags = [f"--config.{field}={sweep.flag_value(v)}" for field, v in point.items()]
-      row["status"] = _status(_train(run_dir, [*user_flags, *point_flags]))
-    rows.append(row | sweep.final_scalars(run_dir))
-  return rows
+    label = f"point {number + 1}/{len(points)} {sweep.name(point)}"
+    rows.append({"run": sweep.name(point), **point, "status": "done"})
+    total_steps = sweep.apply(config, point).run.total_steps
+    if _finished(run_dir, total_steps):
+      print(f"sweep: {label} is finished", flush=True)
+      continue
+    point_flags = [f"--config.{field}={sweep.flag_value(v)}" for field, v in point.items()]
+    command = _command(run_dir, [*user_flags, *point_flags])
+    jobs[number] = executor.Job(
+      label, run_dir, total_steps, executor.train_py, (command, run_dir, total_steps)
+    )
+  outcomes = executor.run(list(jobs.values()), parallel, workdir, label="sweep")
+  for number, outcome in zip(jobs, outcomes, strict=True):
+    rows[number]["status"] = outcome.status
+  return [row | sweep.final_scalars(os.path.join(workdir, row["run"])) for row in rows]
 
 
 def pipeline_plan(points, config) -> tuple[list[str], object]:
@@ -92,8 +118,10 @@ def pipeline_plan(points, config) -> tuple[list[str], object]:
 def run_pipeline(points, plan, user_flags, workdir) -> list[dict]:
   pipeline_flags, pipelined = plan
   status = "done"
-  if not _finished(workdir, pipelined.run.total_steps):
-    status = _status(_train(workdir, [*user_flags, *pipeline_flags]))
+  total_steps = pipelined.run.total_steps
+  if not _finished(workdir, total_steps):
+    command = _command(workdir, [*user_flags, *pipeline_flags])
+    status = executor.Outcome(executor.train_py(command, workdir, total_steps)).status
   return [
     {"run": f"model_{m}", **point, "status": status}
     | sweep.final_scalars(os.path.join(workdir, f"model_{m}"))
@@ -133,19 +161,34 @@ def main(argv):
   user_flags = user_overrides(sys.argv[1:])
   fixed = cli.given_fields(user_flags)
   try:
+    parallel = executor.parallel_of(
+      _PARALLEL.value,
+      _POINT_CPUS.value,
+      _POINT_GPUS.value,
+      _RAY_ADDRESS.value,
+      _POINT_RETRIES.value,
+    )
+    if parallel and _PIPELINE.value:
+      raise ConfigError("--pipeline is one run of one process: drop --parallel and --ray_address")
     source = config_flags.get_config_filename(flags.FLAGS["config"])
     points = sweep.load_sweep(source)
-    sweep.check_points(points, config, fixed, each_valid=not _PIPELINE.value, source=source)
+    sweep.check_points(
+      points, config, fixed, each_valid=not _PIPELINE.value, source=source, workdir=_WORKDIR.value
+    )
     plan = pipeline_plan(points, config) if _PIPELINE.value else None
-    os.makedirs(_WORKDIR.value, exist_ok=True)
-    if plan:
-      rows = run_pipeline(points, plan, user_flags, _WORKDIR.value)
-    else:
-      rows = run_points(points, config, user_flags, _WORKDIR.value)
+    with executor.maybe_connected(parallel):
+      os.makedirs(_WORKDIR.value, exist_ok=True)
+      if plan:
+        rows = run_pipeline(points, plan, user_flags, _WORKDIR.value)
+      else:
+        rows = run_points(points, config, user_flags, _WORKDIR.value, parallel)
   except ConfigError as error:
     cli.fail(str(error))
   fields = list(dict.fromkeys(field for point in points for field in point))
   print(sweep.write_summary(rows, fields, _WORKDIR.value))
+  failed = [row["run"] for row in rows if row["status"].startswith("failed")]
+  if failed:
+    cli.fail(f"{len(failed)} of {len(rows)} points failed: {', '.join(failed)}", code=1)
 
 
 if __name__ == "__main__":

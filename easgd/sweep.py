@@ -19,8 +19,9 @@ import ml_collections
 from tensorboard.backend.event_processing import event_accumulator
 
 from easgd import arguments
-from easgd.config import schema
+from easgd.config import schema, validation
 from easgd.errors import ConfigError
+from easgd.infra import checkpoint
 from easgd.train import trainer
 
 # The final scalars of a run that the summary shows, when the run has them.
@@ -119,12 +120,14 @@ def check_points(
   fixed: set[str],
   each_valid: bool,
   source: str | None = None,
+  workdir: str | None = None,
 ) -> None:
   """Every point names existing fields, none set on the command line too, takes
   values of the fields' types and differs from the others; with `each_valid`
-  (each point a run of its own) its run folder's name is one folder name and
-  its config is valid. Raises ConfigError naming the point (and `source`, the
-  sweep's file, when given).
+  (each point a run of its own) its run folder's name is one folder name, its
+  config is valid and, under `workdir`, its folder holds no run of another
+  config (train.py would refuse it). Raises ConfigError naming the point (and
+  `source`, the sweep's file, when given).
   """
   where = f"{source}: " if source else ""
   known = schema.flatten(config.to_dict())
@@ -152,11 +155,16 @@ def check_points(
         f"{label} is point {folders[folder]} again: each point is one run; drop one of the two"
       )
     folders[folder] = number
+    run_dir = os.path.join(workdir, folder) if workdir and each_valid else None
     try:
       swept = apply(config, point)
-      schema.with_rule_defaults(swept, set(point) | fixed)
+      # As train.py takes them: the checkpoint's values where it resumes one.
+      saved = checkpoint.saved_config(run_dir) if run_dir else None
+      schema.with_rule_defaults(swept, set(point) | fixed, saved)
       if each_valid:
         trainer.check(swept)
+      if run_dir:
+        validation.check_workdir(swept, run_dir)
     except (TypeError, ValueError) as error:
       raise ConfigError(f"{label}: {error}") from None
 
@@ -179,7 +187,9 @@ def name(point: dict) -> str:
 
 
 def final_scalars(run_dir: str) -> dict[str, float]:
-  """The last value of each summary tag that the run wrote."""
+  """The last value of each summary tag that the run wrote (none if it wrote no folder)."""
+  if not os.path.isdir(run_dir):
+    return {}
   accumulator = event_accumulator.EventAccumulator(run_dir, size_guidance={"scalars": 0})
   accumulator.Reload()
   tags = set(accumulator.Tags().get("scalars", ()))

@@ -2,6 +2,10 @@
 
     python studies/asynchrony.py --workdir runs/asynchrony [--total_steps 600] [--seeds 3]
         [--rules sync_easgd,async_easgd,...] [--set cluster.bandwidth=1.25e7 ...] [--name NAME]
+        [--parallel N [--point_cpus C] [--point_gpus G] [--ray_address HOST:PORT]]
+
+--parallel N trains N runs at a time, each a Ray task in a process of its own
+(easgd.executor, as sweep.py's points): the same runs, the same table.
 
 Trains every registered rule but the center family's reset rules and the
 streaming rules (those have studies/outer.py) and async_local_sgd (which has
@@ -23,6 +27,7 @@ tau = 4 and alpha = 0.9 / 8; Downpour n_sync = 4 with an SGD master.
 """
 
 import ast
+import contextlib
 import logging
 import os
 import sys
@@ -35,7 +40,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
 
-from easgd import arguments, rules
+from easgd import arguments, executor, rules
 from easgd.config import schema, validation
 from easgd.configs import default
 from easgd.errors import ConfigError
@@ -210,10 +215,43 @@ def plot(all_scalars, path, title):
   figure.savefig(path, dpi=110)
 
 
-def use_cpu_devices(count: int = 8) -> None:
+# CPU devices a study's process has: one a worker.
+CPU_DEVICES = 8
+
+
+def use_cpu_devices(count: int = CPU_DEVICES) -> None:
   """Gives JAX `count` CPU devices, one a worker: the first thing a study's `main` does,
   before anything touches a device (importing a study does not)."""
   jax.config.update("jax_num_cpu_devices", count)
+
+
+@contextlib.contextmanager
+def connected(parallel):
+  """The Ray of `parallel` (nothing for runs one after another) for a study's runs: a
+  Ray that cannot start, or that no node of can run them, ends the study in one line
+  (exit 2) before anything trains."""
+  try:
+    with executor.maybe_connected(parallel):
+      yield
+  except ConfigError as error:
+    arguments.fail(str(error))
+
+
+def train_all(runs: list[tuple[str, object, str]], parallel, workdir: str, label: str) -> None:
+  """Trains `runs` ((name, config, workdir) each): one after another in this process,
+  or in parallel as Ray tasks (easgd.executor; --parallel). A run that diverges or
+  fails ends the study in one line (exit 1) once the others are done."""
+  try:
+    jobs = executor.config_jobs(runs, CPU_DEVICES)
+    outcomes = executor.run(jobs, parallel, workdir, label=label)
+  except ConfigError as error:
+    arguments.fail(str(error))
+  pairs = zip(jobs, outcomes, strict=True)
+  failed = [f"{job.name} {outcome.status}" for job, outcome in pairs if outcome.code != 0]
+  if failed:
+    arguments.fail(
+      f"{label}: {len(failed)} of {len(jobs)} runs did not finish: " + "; ".join(failed), code=1
+    )
 
 
 def main():
@@ -238,6 +276,7 @@ def main():
     "--set", action="append", default=[], metavar="FIELD=VALUE", help="a config override"
   )
   parser.add_argument("--name", default="asynchrony")
+  executor.add_arguments(parser)
   parser.add_argument(
     "--docs",
     type=arguments.directory("--docs"),
@@ -260,22 +299,27 @@ def main():
         f"--rules: unknown rule(s) {', '.join(unknown)}; allowed: {', '.join(rules.names())}"
       )
     overrides = parse_overrides(args.set)
+    parallel = executor.from_arguments(args)
     runs = {}
     for rule in chosen:
       for seed in range(args.seeds):
         config = config_for(rule, args.total_steps, 25, seed, overrides)
-        runtime = trainer.check(config)
+        trainer.check(config)
         workdir = os.path.join(args.workdir, rule, f"seed_{seed}")
         saved = validation.check_workdir(config, workdir)
-        runs[rule, seed] = config, runtime, workdir, saved
+        runs[rule, seed] = config, workdir, saved
   except (ValueError, TypeError) as error:
     arguments.fail(str(error))
 
+  missing = [
+    (f"{rule}, seed {seed}", config, workdir)
+    for (rule, seed), (config, workdir, saved) in runs.items()
+    if saved is None or saved_total_steps(saved) != args.total_steps
+  ]
+  with connected(parallel):
+    train_all(missing, parallel, args.workdir, "asynchrony")
   all_runs = {rule: [] for rule in chosen}
-  for number, ((rule, seed), (config, runtime, workdir, saved)) in enumerate(runs.items()):
-    if saved is None or saved_total_steps(saved) != args.total_steps:
-      print(f"run {number + 1}/{len(runs)}: training {rule}, seed {seed} ...", flush=True)
-      trainer.train_and_evaluate(config, workdir, runtime)
+  for (rule, _), (_, workdir, _) in runs.items():
     all_runs[rule].append(curves(workdir))
   all_scalars = {rule: mean_curves(runs) for rule, runs in all_runs.items()}
   common_time = min(max(v for _, v in s["sim/time"]) for s in all_scalars.values())

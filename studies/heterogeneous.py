@@ -3,6 +3,10 @@ to 95% center accuracy, and the accuracy at a fixed simulated time.
 
     python studies/heterogeneous.py --workdir runs/heterogeneous [--total_steps 600]
         [--seeds 3] [--runs async_easgd,async_local_sgd-DN,...] [--set FIELD=VALUE ...]
+        [--parallel N [--point_cpus C] [--point_gpus G] [--ray_address HOST:PORT]]
+
+--parallel N trains N runs at a time, each a Ray task in a process of its own
+(easgd.executor, as sweep.py's points): the same runs, the same table.
 
 Trains each run (RUNS below: a rule and its recipe) on LeNet-5, 8 workers of
 batch 32, on the default timing model made heterogeneous (CLUSTER: worker 6
@@ -26,7 +30,7 @@ import matplotlib.pyplot as plt
 import outer  # its readings of a run's curves
 from absl import logging as absl_logging
 
-from easgd import arguments
+from easgd import arguments, executor
 from easgd.config import validation
 from easgd.configs import default
 from easgd.errors import ConfigError
@@ -85,18 +89,17 @@ def workdir_of(args, run: str, seed: int) -> str:
   return os.path.join(args.workdir, run, f"seed_{seed}")
 
 
-def train(run: str, args, overrides: dict, progress: str) -> list[dict]:
-  """The curves of each seed of `run`, training what is missing."""
-  curves = []
+def missing(run: str, args, overrides: dict) -> list[tuple[str, object, str]]:
+  """The seeds of `run` not trained yet, as `asynchrony.train_all` takes them."""
+  runs = []
   for seed in range(args.seeds):
-    config = config_for(run, args.total_steps, seed, overrides)
     workdir = workdir_of(args, run, seed)
     saved = checkpoint.saved_config(workdir)
     if saved is None or asynchrony.saved_total_steps(saved) != args.total_steps:
-      print(f"{progress}: training {run}, seed {seed} ...", flush=True)
-      trainer.train_and_evaluate(config, workdir)
-    curves.append(asynchrony.curves(workdir))
-  return curves
+      runs.append(
+        (f"{run}, seed {seed}", config_for(run, args.total_steps, seed, overrides), workdir)
+      )
+  return runs
 
 
 def time_to_target(runs: list[dict]) -> tuple[float | None, int]:
@@ -171,6 +174,7 @@ def main():
     type=arguments.directory("--docs"),
     default=os.path.join(os.path.dirname(__file__), "..", "docs"),
   )
+  executor.add_arguments(parser)
   args = parser.parse_args()
   for name, made_by in (
     ("heterogeneous_table.md", b"Made by `python studies/heterogeneous.py"),
@@ -184,6 +188,7 @@ def main():
     if unknown:
       raise ConfigError(f"--runs: unknown {', '.join(unknown)}; allowed: {', '.join(RUNS)}")
     overrides = asynchrony.parse_overrides(args.set)
+    parallel = executor.from_arguments(args)
     # Before anything trains: a bad setting or another study's workdir is one line
     # now, not a traceback an hour in.
     for run in chosen:
@@ -194,9 +199,12 @@ def main():
   except (ValueError, TypeError) as error:
     arguments.fail(str(error))
 
+  to_train = [entry for run in chosen for entry in missing(run, args, overrides)]
+  with asynchrony.connected(parallel):
+    asynchrony.train_all(to_train, parallel, args.workdir, "heterogeneous")
   rows = {}
-  for number, run in enumerate(chosen, 1):
-    runs = train(run, args, overrides, f"run {number}/{len(chosen)}")
+  for run in chosen:
+    runs = [asynchrony.curves(workdir_of(args, run, seed)) for seed in range(args.seeds)]
     rows[run] = (asynchrony.mean_curves(runs), time_to_target(runs))
   time_budget = min(outer.final(scalars, "sim/time") for scalars, _ in rows.values())
   os.makedirs(args.docs, exist_ok=True)

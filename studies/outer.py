@@ -3,6 +3,10 @@ time and at equal bytes sent, and the peak bytes a step sends.
 
     python studies/outer.py --workdir runs/outer [--total_steps 400] [--seeds 3]
         [--runs sync_sgd,diloco,streaming_diloco-F2,...] [--set FIELD=VALUE ...]
+        [--parallel N [--point_cpus C] [--point_gpus G] [--ray_address HOST:PORT]]
+
+--parallel N trains N runs at a time, each a Ray task in a process of its own
+(easgd.executor, as sweep.py's points): the same runs, the same table.
 
 Trains each run (RUNS below: a rule and its recipe) on LeNet-5, 8 workers of
 batch 32, the default timing model, one run per name and seed in
@@ -26,7 +30,7 @@ import asynchrony  # the sibling study's run and curve helpers
 import matplotlib.pyplot as plt
 from absl import logging as absl_logging
 
-from easgd import arguments, rules
+from easgd import arguments, executor, rules
 from easgd.config import validation
 from easgd.configs import default
 from easgd.errors import ConfigError
@@ -91,19 +95,25 @@ def check(args, run: str, dtype: str, overrides: dict) -> None:
     validation.check_workdir(config, workdir)
 
 
-def train(run, dtype, args, overrides, progress: str) -> list[dict]:
-  """The curves of each seed of `run` sending `dtype`, training what is missing
-  (`check` has accepted them all); `progress` says which of the study's runs this is."""
-  curves = []
-  for seed in range(args.seeds):
-    config = config_for(run, dtype, args.total_steps, seed, overrides)
-    workdir = workdir_of(args, run, dtype, seed)
-    saved = checkpoint.saved_config(workdir)
-    if saved is None or asynchrony.saved_total_steps(saved) != args.total_steps:
-      print(f"{progress}: training {run} ({dtype}), seed {seed} ...", flush=True)
-      trainer.train_and_evaluate(config, workdir)
-    curves.append(asynchrony.curves(workdir))
-  return curves
+def train(pairs, args, overrides, parallel, label: str) -> dict:
+  """The mean curves of each (run, dtype) of `pairs` over the seeds, training what is
+  missing (`check` has accepted them all) as `asynchrony.train_all` does."""
+  missing = []
+  for run, dtype in pairs:
+    for seed in range(args.seeds):
+      workdir = workdir_of(args, run, dtype, seed)
+      saved = checkpoint.saved_config(workdir)
+      if saved is None or asynchrony.saved_total_steps(saved) != args.total_steps:
+        config = config_for(run, dtype, args.total_steps, seed, overrides)
+        missing.append((f"{run} ({dtype}), seed {seed}", config, workdir))
+  asynchrony.train_all(missing, parallel, args.workdir, label)
+  results = {}
+  for run, dtype in pairs:
+    seeds = [asynchrony.curves(workdir_of(args, run, dtype, s)) for s in range(args.seeds)]
+    scalars = asynchrony.mean_curves(seeds)
+    scalars["megabytes"] = [(s, v / 1e6) for s, v in scalars["comm/bytes_per_worker"]]
+    results[run, dtype] = scalars
+  return results
 
 
 def at_budget(scalars: dict, tag: str, budget: float) -> float:
@@ -197,6 +207,7 @@ def main():
     type=arguments.directory("--docs"),
     default=os.path.join(os.path.dirname(__file__), "..", "docs"),
   )
+  executor.add_arguments(parser)
   args = parser.parse_args()
   for name, made_by in (
     ("outer_table.md", b"Made by `python studies/outer.py"),
@@ -210,6 +221,7 @@ def main():
     if unknown:
       raise ConfigError(f"--runs: unknown {', '.join(unknown)}; allowed: {', '.join(RUNS)}")
     overrides = asynchrony.parse_overrides(args.set)
+    parallel = executor.from_arguments(args)
     # Before anything trains: a bad setting or another study's workdir is one line
     # now, not a traceback hours in.
     for run in chosen:
@@ -218,21 +230,13 @@ def main():
   except (ValueError, TypeError) as error:
     arguments.fail(str(error))
 
-  results = {}
   # Each chosen run in float32, then the best two with each compressed dtype.
-  for number, run in enumerate(chosen, 1):
-    curves = train(run, "float32", args, overrides, f"float32 run {number}/{len(chosen)}")
-    results[run, "float32"] = asynchrony.mean_curves(curves)
-  for scalars in results.values():
-    scalars["megabytes"] = [(s, v / 1e6) for s, v in scalars["comm/bytes_per_worker"]]
-  time_budget = min(final(s, "sim/time") for s in results.values())
-  best = sorted(chosen, key=lambda n: -at_budget(results[n, "float32"], "sim/time", time_budget))
-  compressed = [(run, dtype) for run in best[:2] for dtype in dtypes_of(run)]
-  for number, (run, dtype) in enumerate(compressed, 1):
-    progress = f"compressed run {number}/{len(compressed)}"
-    scalars = asynchrony.mean_curves(train(run, dtype, args, overrides, progress))
-    scalars["megabytes"] = [(s, v / 1e6) for s, v in scalars["comm/bytes_per_worker"]]
-    results[run, dtype] = scalars
+  with asynchrony.connected(parallel):
+    results = train([(run, "float32") for run in chosen], args, overrides, parallel, "float32")
+    time_budget = min(final(s, "sim/time") for s in results.values())
+    best = sorted(chosen, key=lambda n: -at_budget(results[n, "float32"], "sim/time", time_budget))
+    compressed = [(run, dtype) for run in best[:2] for dtype in dtypes_of(run)]
+    results |= train(compressed, args, overrides, parallel, "compressed")
   time_budget = min(final(s, "sim/time") for s in results.values())
   byte_budget = min(final(s, "megabytes") for s in results.values())
   os.makedirs(args.docs, exist_ok=True)

@@ -3,6 +3,7 @@ train.py flags, processes whose output is read while they run, and
 checkpoints read back as NumPy whatever the device layout that wrote them.
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -116,7 +117,11 @@ def assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, algorithm, overri
 
 
 class Process:
-  """A command run from the repository, its stdout and stderr collected as it runs."""
+  """A command run from the repository, its stdout and stderr collected as it runs.
+
+  It leads a process group of its own: once it has ended, `wait` ends what it
+  leaves behind (a run killed with -9 leaves Ray's agent processes running).
+  """
 
   def __init__(self, *args: str):
     self.popen = subprocess.Popen(
@@ -125,6 +130,7 @@ class Process:
       stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT,
       text=True,
+      start_new_session=True,
     )
     self._lines: list[str] = []
     self._reader = threading.Thread(target=self._read, daemon=True)
@@ -161,6 +167,9 @@ class Process:
       self.popen.kill()
       self.popen.wait()
       raise AssertionError(f"still running after {timeout} s:\n{self.tail()}") from None
+    finally:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(self.popen.pid, signal.SIGKILL)  # what it left in its group
     self._reader.join(timeout=5)
     return code
 
@@ -213,7 +222,7 @@ def stop_resume_and_replay(tmp_path, workdir, flags, run, sigterm_at, kill_at, t
   run = train(workdir, *flags)
   run.wait_for(rf"step {kill_at}/", timeout)
   run.popen.kill()
-  run.popen.wait()
+  run.wait(60)  # and what it left in its group
   every = next(int(f.split("=")[1]) for f in flags if f.startswith("--config.run.checkpoint_every"))
   assert kill_at - kill_at % every <= steps_saved(workdir)[-1] < total
 

@@ -14,7 +14,7 @@ PACKAGE_DIRS["easgd.configs"] = REPO / "configs"
 # The package's layers, from the bottom: a module imports its own layer or lower
 # ones. The entry points and the packaged configs sit on top.
 LAYERS = (
-  ("easgd.errors", "easgd.arguments"),
+  ("easgd.errors", "easgd.arguments", "easgd.durations", "easgd.ray_address"),
   ("easgd.models",),
   ("easgd.rules", "easgd.sim"),
   ("easgd.infra",),
@@ -22,7 +22,7 @@ LAYERS = (
   ("easgd.steps", "easgd.evaluation", "easgd.pipeline"),
   ("easgd.config",),
   ("easgd.train",),
-  ("easgd.cli", "easgd.plan", "easgd.sweep", "easgd.launch", "easgd.configs"),
+  ("easgd.cli", "easgd.plan", "easgd.sweep", "easgd.executor", "easgd.launch", "easgd.configs"),
 )
 # Imports that run up the layers, each with its reason: at most 3.
 UPWARD = {

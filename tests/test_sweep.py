@@ -1,9 +1,11 @@
 """sweep.py end to end: runs, resumption, summary, TensorBoard's HTTP API, bad input."""
 
+import contextlib
 import csv
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import urllib.request
 
 import pytest
 
+import runs
 from easgd import sweep
 
 # Whole runs, train.py or several processes: left out of the quick loop (-m 'not e2e').
@@ -112,6 +115,94 @@ def test_a_finished_sweep_is_skipped_when_run_again(finished_sweep):
   # The two finished points are skipped; the diverged one is tried again.
   assert again.stdout.count("is finished") == 2
   assert read_summary(workdir) == before
+  # Its points' folders hold runs of comm_period 2: another value is refused up front.
+  other = sweep_cli(config, workdir, "--config.outer.comm_period=3")
+  assert other.returncode == 2 and "holds a checkpoint of another configuration" in other.stderr
+  assert read_summary(workdir) == before
+
+
+def _train_py_processes(workdir) -> list[int]:
+  """The pids of the train.py processes writing under `workdir`."""
+  found = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as handle:
+        arguments = handle.read().split(b"\0")
+    except OSError:
+      continue  # ended meanwhile
+    if any(arg.startswith(f"--workdir={workdir}".encode()) for arg in arguments):
+      found.append(int(pid))
+  return found
+
+
+def test_a_parallel_sweep_killed_and_run_again_ends_with_the_serial_runs_bits(
+  finished_sweep, tmp_path
+):
+  config, serial, _ = finished_sweep
+  workdir = tmp_path / "parallel"
+  flags = ["--config.outer.comm_period=2", "--parallel=2"]
+  command = [sys.executable, "sweep.py", f"--config={config}", f"--workdir={workdir}", *flags]
+  # sweep.py alone is killed once a point has logged its first steps (or earlier,
+  # if it ended first: the same command must finish it either way). The bounds
+  # only end a failing test.
+  first = subprocess.Popen(
+    command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+  )
+  try:
+    bound = time.monotonic() + 300
+    while first.poll() is None and not any(
+      "step 25/50" in log.read_text() for log in workdir.glob("*/train.log")
+    ):
+      assert time.monotonic() < bound, "no point logged a step"
+      time.sleep(0.1)
+    first.kill()
+    first.wait()
+    # Its Ray ends with it, and each point's train.py with the Ray process that
+    # started it: none is left writing into the folders the next command resumes.
+    bound = time.monotonic() + 120
+    while [pid for pid in _train_py_processes(workdir) if _alive(pid)]:
+      assert time.monotonic() < bound, "a point's train.py outlived the sweep that started it"
+      time.sleep(0.1)
+  finally:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(first.pid, signal.SIGKILL)  # what Ray leaves of itself
+  again = sweep_cli(config, workdir, *flags)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert read_summary(workdir) == read_summary(serial)
+  for row in read_summary(serial):
+    if row["status"] == "done":
+      runs.assert_same_bits(serial / row["run"], workdir / row["run"], 50)
+    assert (
+      f"{row['run']} {row['status']}" in again.stdout or f"{row['run']} is finished" in again.stdout
+    )
+
+
+def _alive(pid: int) -> bool:
+  """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
+  try:
+    with open(f"/proc/{pid}/stat") as handle:
+      return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+def test_a_sweep_whose_points_fail_writes_its_summary_and_exits_1(tmp_path, starter):
+  # Data that is not there: each train.py refuses its point when it loads it.
+  config = write_config(tmp_path, '[{"data.dataset": "mnist"}, {"data.dataset": "cifar10"}]')
+  (tmp_path / "no_data").mkdir()
+  workdir = tmp_path / "runs"
+  argv = [
+    "sweep.py",
+    f"--config={config}",
+    f"--workdir={workdir}",
+    f"--config.run.data_dir={tmp_path / 'no_data'}",
+  ]
+  code, stdout, stderr = starter.run(argv, REPO)
+  assert code == 1
+  assert [row["status"] for row in read_summary(workdir)] == ["failed (exit 2)"] * 2
+  assert stderr.splitlines()[-1] == (
+    "error: 2 of 2 points failed: data.dataset=mnist, data.dataset=cifar10"
+  )
 
 
 def test_pipelined_sweep_trains_one_model_per_point(pipelined_sweep):
@@ -219,6 +310,12 @@ def test_tensorboard_serves_every_run_with_scalars_and_hparams(which, request):
       "--pipeline: the sweep sets outer.moving_rate",
     ),
     ('[{"optimizer.learning_rate": 0.1}]', ["--config.foo=1"], "config.foo does not exist"),
+    ('[{"optimizer.learning_rate": 0.1}]', ["--parallel=0"], "--parallel=0 is invalid"),
+    (
+      '[{"optimizer.learning_rate": 0.1}]',
+      ["--pipeline", "--parallel=2"],
+      "--pipeline is one run of one process: drop --parallel",
+    ),
   ],
 )
 def test_bad_sweep_exits_2_with_one_line_and_runs_nothing(
@@ -230,6 +327,15 @@ def test_bad_sweep_exits_2_with_one_line_and_runs_nothing(
   assert code == 2
   errors = [line for line in stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and message in errors[0], stderr[-2000:]
+  assert not (tmp_path / "runs").exists()
+
+
+def test_a_point_asking_more_than_ray_has_is_refused_before_anything_is_written(tmp_path):
+  config = write_config(tmp_path, '[{"optimizer.learning_rate": 0.1}]')
+  result = sweep_cli(config, tmp_path / "runs", "--parallel=2", "--point_gpus=64")
+  assert result.returncode == 2
+  errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "asks for 1 CPUs and 64 GPUs" in errors[0], result.stderr[-2000:]
   assert not (tmp_path / "runs").exists()
 
 

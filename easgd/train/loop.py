@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from easgd.durations import duration
 from easgd.errors import TrainingDiverged
 from easgd.infra import preemption, profiler, sharding, watchdog
 
@@ -182,25 +183,13 @@ class Progress:
     elapsed = time.perf_counter() - self.started
     if step > self.start and step < self.total:
       left = elapsed / (step - self.start) * (self.total - step)
-      parts.append(f"{_duration(left)} left")
+      parts.append(f"{duration(left)} left")
     logging.info(", ".join(parts))
 
 
 def _per_model(values: dict[str, float], tag: str) -> list[float]:
   """The values of `tag`: the run's own, or each model's (model_<m>/tag)."""
   return [value for key, value in values.items() if key == tag or key.endswith("/" + tag)]
-
-
-def _duration(seconds: float) -> str:
-  """3 s, 4 min 05 s, 2 h 03 min."""
-  seconds = round(seconds)
-  if seconds < 60:
-    return f"{seconds} s"
-  minutes, seconds = divmod(seconds, 60)
-  if minutes < 60:
-    return f"{minutes} min {seconds:02d} s"
-  hours, minutes = divmod(minutes, 60)
-  return f"{hours} h {minutes:02d} min"
 
 
 def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpointer) -> tuple:

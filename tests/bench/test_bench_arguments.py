@@ -31,6 +31,8 @@ REFUSALS = [
   ("rule_defaults.py", ("--steps", "-5"), "-5 is invalid: must be an integer >= 1"),
   ("rule_defaults.py", ("--rules", "sync_easgd,sgd"), "--rules='sync_easgd,sgd' is invalid"),
   ("throughput.py", ("--rounds", "0"), "0 is invalid: must be an integer >= 1"),
+  ("sweep_parallel.py", ("--parallel", "0"), "0 is invalid: must be an integer >= 1"),
+  ("sweep_parallel.py", ("--config", "{tmp}/none.py"), "none.py' is not a file: give a config"),
 ]
 
 

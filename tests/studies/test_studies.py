@@ -101,3 +101,31 @@ def test_the_processes_study_slows_worker_2_twice_and_worker_3_four_times():
 def test_each_processes_run_is_a_valid_config(rule, workers):
   values = processes.overrides(rule, workers, 0, 600, stragglers=rule != "downpour")
   validation.validate(processes.config_of(values))
+
+
+@pytest.mark.e2e
+def test_a_study_with_parallel_runs_writes_the_table_of_the_study_run_in_series(tmp_path):
+  """Each run in a Ray task of its own (--parallel) reaches the bits of the runs trained
+  one after another in the study's process: the same table."""
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+
+  tables = []
+  for name, extra in (("series", []), ("parallel", ["--parallel=2"])):
+    command = [
+      sys.executable,
+      "studies/heterogeneous.py",
+      f"--workdir={tmp_path / name}",
+      f"--docs={tmp_path / (name + '_docs')}",
+      "--total_steps=25",
+      "--seeds=1",
+      "--runs=async_easgd,sync_easgd",
+      "--set=model='mlp'",
+      *extra,
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "heterogeneous: 2/2 sync_easgd, seed 0" in done.stdout
+    table = (tmp_path / (name + "_docs") / "heterogeneous_table.md").read_text().splitlines()
+    tables.append([line for line in table if not line.startswith("Made by")])
+  assert tables[0] == tables[1] and sum(line.startswith("| ") for line in tables[0]) == 3

@@ -16,21 +16,19 @@ import, and a missing Ray is refused in one line.
 
 import importlib.util
 import os
-import socket
 
 import jax
 import ml_collections
 import numpy as np
 from absl import logging
 
+from easgd import ray_address
 from easgd.errors import ConfigError, require
 from easgd.infra import platform, sharding
 from easgd.rules import RULES, Hyper, make_rule
 from easgd.train.runtimes.rule_runtime import parameter_server_rules
 from easgd.train.runtimes.threads import ThreadsRuntime, ThreadsTrainee
 
-# Seconds to reach a cluster's address before it is called unreachable.
-CONNECT_TIMEOUT = 5.0
 # The root that holds the easgd package: the actors' processes import it from there.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
@@ -45,18 +43,10 @@ def _numpy(tree):
 
 def check_address(config: ml_collections.ConfigDict) -> str:
   """The address to connect to (config.ray.address, else RAY_ADDRESS; '' for an
-  embedded Ray); ConfigError (one line) for a HOST:PORT that cannot be reached."""
-  address = config.ray.address or os.environ.get("RAY_ADDRESS", "")
-  if address and address != "auto":
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-      socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
-    except (OSError, ValueError) as error:
-      raise ConfigError(
-        f"config.ray.address={address!r} is unreachable ({type(error).__name__}: {error}): "
-        "give HOST:PORT of a running Ray head (ray start --head), 'auto' for the cluster "
-        "this node joined, or '' for an embedded one"
-      ) from None
+  embedded Ray); ConfigError (one line naming where it came from) for one that
+  cannot be reached."""
+  address, named = ray_address.resolve(config.ray.address, "config.ray.address")
+  ray_address.check(address, named)
   return address
 
 
@@ -73,7 +63,8 @@ def connect(config: ml_collections.ConfigDict) -> bool:
 
   if ray.is_initialized():
     return False
-  address = check_address(config)
+  address, named = ray_address.resolve(config.ray.address, "config.ray.address")
+  ray_address.check(address, named)
   try:
     # "local": a new embedded Ray. None would join the cluster `ray start` (or
     # ray.cluster_utils) last started on this machine, running or not.
@@ -86,8 +77,7 @@ def connect(config: ml_collections.ConfigDict) -> bool:
   except (ConnectionError, RuntimeError, ValueError) as error:
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
     raise ConfigError(
-      f"config.ray.address={address!r}: Ray could not connect ({first}); give HOST:PORT of "
-      "a running Ray head, 'auto' for the cluster this node joined, or '' for an embedded one"
+      f"{named}={address!r}: Ray could not connect ({first}); {ray_address.ALLOWED}"
     ) from None
   return not address
 
