@@ -36,6 +36,9 @@ class Tick:
     bytes_sent: bytes each worker sent in the tick, [P].
     left: workers whose process left the run for good in the tick (a RESET
       "leave" of runtime=ray's cluster.on_worker_loss=continue).
+    unvalued: workers whose local step in the tick gave the recorded run no loss
+      or accuracy (runtime=ray: the process died as it computed the step, after
+      its request was served); a replay leaves them out of the logged means too.
   """
 
   time: float
@@ -46,6 +49,7 @@ class Tick:
   requests: np.ndarray
   bytes_sent: np.ndarray
   left: list[int] = dataclasses.field(default_factory=list)
+  unvalued: list[int] = dataclasses.field(default_factory=list)
 
   @classmethod
   def empty(cls, num_workers: int) -> "Tick":

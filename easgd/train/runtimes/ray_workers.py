@@ -67,6 +67,7 @@ class RayWorkers(Workers):
     self.actors, self.servers, self.blocks = actors, servers, blocks
     self.fresh_opt, self.on_loss = fresh_opt, on_loss
     self.held: list = []  # what the worker processes are built from, while they may restart
+    self.unvalued: dict[int, int] = {}  # worker -> its traced step lost before its values
 
   # Where the arrays are: in the worker's and the servers' processes.
 
@@ -83,7 +84,13 @@ class RayWorkers(Workers):
     self.actors[j].snapshot.remote()  # runs before the worker's next call
 
   def _exchange_local_step(self, j: int, step: int) -> tuple[float, float]:
-    return self._get(j, self.actors[j].exchange_step.remote(step))
+    # Called once the step's request is served and traced: a process lost now
+    # takes the step's values with it (an "unvalued" step, traced at the loss).
+    try:
+      return self._get(j, self.actors[j].exchange_step.remote(step))
+    except WorkerLost:
+      self.unvalued[j] = step
+      raise
 
   def _master_operation(self, j, op, tick, position, steps_done):
     count = len(self.servers)
@@ -160,6 +167,10 @@ class RayWorkers(Workers):
       except WorkerLost:
         if self.stopping:
           raise _Stop from None
+        if j in self.unvalued:  # before its join or leave, as the replay reads them
+          with self.cond:
+            self.trace.unvalued(j, self.unvalued.pop(j))
+            self.clock.events += 1
         step = self.steps[j]
         if self.on_loss == "stop":
           self._fail(

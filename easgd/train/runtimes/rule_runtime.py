@@ -138,10 +138,11 @@ class RuleReports:
     self.totals = _TickTotals(clock)
 
   def add(self, values, context) -> np.ndarray:
-    del context
     if self.rule.parameter_server():
-      # A tick's values of every worker, and whether each stepped.
-      stepping = np.asarray(values["stepping"], bool)
+      # A tick's values of every worker, and whether each stepped; `context`, the
+      # workers whose step gave the replayed run no values (Tick.unvalued).
+      stepping = np.asarray(values["stepping"], bool).copy()
+      stepping[list(context or ())] = False
       return self.add_local_steps(
         np.asarray(values["loss"])[stepping].tolist(),
         np.asarray(values["accuracy"])[stepping].tolist(),

@@ -81,7 +81,8 @@ class RuleTrainee(RuleReports):
       self.state, images, labels, self.rule.tick_inputs(tick)
     )
     self.totals.add(tick)
-    return step_metrics, None
+    # The workers whose step gave the recorded run no values (a replay's).
+    return step_metrics, tick.unvalued or None
 
   def save(self, divergence):
     # One model: a state that is not finite stops the run from the checkpointer

@@ -29,6 +29,13 @@ One JSON object a line, each ending with its checksum, "sum" (below):
   {"kind": "process", "worker": j, "pid": p, "host": h}
       runtime=ray: worker j runs in process p on host h from here on (written
       as each worker process starts, and again as one rejoins);
+  {"kind": "unvalued", "worker": j, "step": k}
+      runtime=ray: worker j's local step k, traced with its request, gave no
+      loss or accuracy: its process died as it computed the step, after the
+      request was served (the row it computed is lost with the process, and
+      the worker rejoins or leaves from the center). The replay takes the
+      step, whose result the join or leave overwrites as the run's did, and
+      leaves its values out of the logged means, as the run had to;
   {"kind": "end", "events": N, "ticks": T}: written when the run completes;
       N counts the lines between the header and it.
 
@@ -187,6 +194,11 @@ class Writer:
       self._chain.seal({"kind": "process", "worker": worker, "pid": pid, "host": host})
     )
 
+  def unvalued(self, worker: int, step: int) -> None:
+    """Worker `worker`'s traced local step `step` gave no values (a line, which the
+    run's count of events includes)."""
+    self._file.write(self._chain.seal({"kind": "unvalued", "worker": worker, "step": step}))
+
   def sync(self) -> None:
     self._file.flush()
     os.fsync(self._file.fileno())
@@ -316,6 +328,7 @@ class Trace:
   events: list[Event]
   ticks: int
   processes: list[dict] = dataclasses.field(default_factory=list)  # runtime=ray's
+  unvalued: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (worker, step)
 
 
 def read(path: str) -> Trace:
@@ -359,8 +372,16 @@ def read(path: str) -> Trace:
       f"{name} is truncated: it has no end line (the run was stopped or the file cut); "
       "replay the trace of a run that completed"
     )
-  events, processes = [], []
+  events, processes, unvalued = [], [], []
   for number, record in enumerate(records[1:-1], 2):
+    if record.get("kind") == "unvalued":
+      if not _unvalued_record(record, workers):
+        raise ConfigError(
+          f"{name} is malformed at line {number}: not an unvalued step of one of its "
+          f"{workers} workers (worker, step)"
+        )
+      unvalued.append((record["worker"], record["step"]))
+      continue
     if record.get("kind") == "process":
       if not _process_record(record, workers):
         raise ConfigError(
@@ -392,7 +413,7 @@ def read(path: str) -> Trace:
       f"{name} is inconsistent: its end line counts {end.get('events')} events, "
       f"it holds {len(records) - 2}"
     )
-  return Trace(records[0], events, int(end["ticks"]), processes)
+  return Trace(records[0], events, int(end["ticks"]), processes, unvalued)
 
 
 def _process_record(record: dict, workers: int) -> bool:
@@ -402,6 +423,16 @@ def _process_record(record: dict, workers: int) -> bool:
     and 0 <= record["worker"] < workers
     and _is_int(record["pid"])
     and isinstance(record["host"], str)
+  )
+
+
+def _unvalued_record(record: dict, workers: int) -> bool:
+  return (
+    set(record) == {"kind", "worker", "step"}
+    and _is_int(record["worker"])
+    and 0 <= record["worker"] < workers
+    and _is_int(record["step"])
+    and record["step"] >= 0
   )
 
 
@@ -422,7 +453,7 @@ def check_replay(config: ml_collections.ConfigDict) -> list[Tick]:
       f"run.total_steps={config.run.total_steps}: cluster.replay={path!r} holds "
       f"{trace.ticks} ticks; set run.total_steps={trace.ticks}"
     )
-  ticks = pack(trace.events, trace.header["workers"])
+  ticks = pack(trace.events, trace.header["workers"], trace.unvalued)
   if len(ticks) != trace.ticks:
     raise ConfigError(
       f"cluster.replay={path!r} is inconsistent: its events fill {len(ticks)} ticks, "
@@ -431,11 +462,14 @@ def check_replay(config: ml_collections.ConfigDict) -> list[Tick]:
   return ticks
 
 
-def pack(events: list[Event], num_workers: int) -> list[Tick]:
+def pack(events: list[Event], num_workers: int, unvalued: list[tuple[int, int]] = ()) -> list[Tick]:
   """The ticks of `events` in their order; each event must fall in its recorded tick.
-  (A request's bytes are left to the clock that replays them.)"""
+  `unvalued`: the (worker, step) local steps that gave no values, each marked in
+  its tick. (A request's bytes are left to the clock that replays them.)"""
   packer = TickPacker(num_workers)
   leaves = []  # (tick, worker) of each "leave"
+  unvalued_left = set(unvalued)
+  marks = []  # (tick, worker) of each unvalued step
   for number, event in enumerate(events):
     op = OPS[event.op]
     tick = packer.emit(
@@ -453,9 +487,20 @@ def pack(events: list[Event], num_workers: int) -> list[Tick]:
       )
     if event.op == "leave":
       leaves.append((tick, event.worker))
+    if event.local and (event.worker, event.step) in unvalued_left:
+      unvalued_left.discard((event.worker, event.step))
+      marks.append((tick, event.worker))
+  if unvalued_left:
+    worker, step = min(unvalued_left)
+    raise ConfigError(
+      f"the trace says worker {worker}'s local step {step} gave no values, and has no such "
+      "step: the trace is inconsistent"
+    )
   ticks = packer.release_all()
   for tick, worker in leaves:
     ticks[tick].left.append(worker)
+  for tick, worker in marks:
+    ticks[tick].unvalued.append(worker)
   return ticks
 
 

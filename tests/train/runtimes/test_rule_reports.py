@@ -75,6 +75,20 @@ def test_a_tick_of_a_parameter_server_rule_counts_only_the_workers_that_stepped(
   reports.close()
 
 
+def test_a_replayed_step_that_gave_the_run_no_values_is_left_out_of_the_means(tmp_path):
+  reports, clock = _reports(tmp_path)
+  # Worker 1's step gave the recorded run no values (its process died computing it):
+  # the tick's context names it, and the means are worker 0's alone.
+  losses = reports.add(
+    {"loss": [1.0, float("nan")], "accuracy": [0.5, 0.0], "stepping": [1, 1]}, [1]
+  )
+  clock.worker_steps += [1, 1]
+  assert np.isfinite(losses).all()
+  logged = reports.log(1, train_seconds=1.0)
+  assert logged["train/loss"] == 1.0 and logged["train/accuracy"] == 0.5
+  reports.close()
+
+
 def test_the_same_steps_give_the_same_bits_one_by_one_or_a_tick_at_a_time(tmp_path):
   """A run hands each step's values as they commit; its replay a tick's at once,
   in another order: the means are the same bits."""

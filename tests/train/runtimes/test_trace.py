@@ -241,3 +241,29 @@ def test_a_trace_is_replayed_only_under_the_configuration_that_recorded_it(tmp_p
     with pytest.raises(ConfigError, match=pattern) as error:
       trainer.check(config)  # the fields, then the runtime's own checks (the replay's too)
     assert "\n" not in str(error.value)
+
+
+def test_a_step_that_gave_no_values_is_marked_in_its_tick_and_checked(tmp_path):
+  """runtime=ray traces a step whose process died as it computed it ("unvalued");
+  the replay's tick marks it, so that the logged means leave it out as the run's did."""
+  writer = trace.Writer(str(tmp_path), _config(), None)
+  for event in EVENTS[:4]:
+    writer.add(event)
+  writer.unvalued(1, 1)  # worker 1's exchange step 1 (EVENTS[3]) gave no values
+  writer.add(trace.Event(1, 2, "join", False, 2, read=2, time=0.28))
+  writer.add(EVENTS[4])
+  writer.end(7, 3)
+  writer.close()
+  recorded = trace.read(str(tmp_path / trace.FILE))
+  assert recorded.unvalued == [(1, 1)]
+  ticks = trace.pack(recorded.events, 2, recorded.unvalued)
+  assert [tick.unvalued for tick in ticks] == [[], [1], []]
+  with pytest.raises(ConfigError, match="worker 0's local step 7 gave no values, and has no such"):
+    trace.pack(recorded.events, 2, [(0, 7)])
+  bodies = _bodies((tmp_path / trace.FILE).read_text().splitlines(keepends=True))
+  for bad in ('"step": -1', '"step": 1.5', '"worker": 2'):
+    field = bad.split(":")[0]
+    body = re.sub(rf"{field}: [^,}}]+", bad, bodies[5], count=1)
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(_chained([*bodies[:5], body, *bodies[6:]])))
+    _refused(path, "line 6: not an unvalued step of one of its 2 workers")
