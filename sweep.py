@@ -177,6 +177,8 @@ def main(argv):
     )
     plan = pipeline_plan(points, config) if _PIPELINE.value else None
     with executor.maybe_connected(parallel):
+      if parallel and parallel.address:  # before the workdir is made: a refusal leaves none
+        executor.check_shared(_WORKDIR.value, parallel)
       os.makedirs(_WORKDIR.value, exist_ok=True)
       if plan:
         rows = run_pipeline(points, plan, user_flags, _WORKDIR.value)

@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from easgd import ray_address
+from easgd import ray_connection
 from easgd.durations import duration
 from easgd.errors import ConfigError
 
@@ -104,14 +104,15 @@ class Parallel:
         f"--point_cpus={self.cpus:g} is invalid: must be a number > 0 in steps of 0.0001"
       )
     fraction = 0 < self.gpus < 1 and _ray_quantity(self.gpus)
-    if not (math.isfinite(self.gpus) and (self.gpus == 0 or fraction or self.gpus.is_integer())):
+    whole = math.isfinite(self.gpus) and self.gpus >= 1 and self.gpus.is_integer()
+    if not (self.gpus == 0 or fraction or whole):
       raise ConfigError(
         f"--point_gpus={self.gpus:g} is invalid: give 0, a fraction of one GPU in (0, 1) "
         "in steps of 0.0001, or a whole number of GPUs"
       )
     if self.retries < 0:
       raise ConfigError(f"--point_retries={self.retries} is invalid: must be an integer >= 0")
-    ray_address.check(self.address, self.address_from)
+    ray_connection.check(self.address, self.address_from)
 
 
 def parallel_of(
@@ -127,7 +128,7 @@ def parallel_of(
   takes $RAY_ADDRESS, as Ray does. ConfigError (one line) for a bad value, or for a
   point's flag where the runs go one after another."""
   if points is not None:
-    address, address_from = ray_address.resolve(address, "--ray_address")
+    address, address_from = ray_connection.resolve(address, "--ray_address")
   else:
     address_from = "--ray_address"
   if points is None and not address:
@@ -276,7 +277,8 @@ def run(
 ) -> list[Outcome]:
   """Runs `jobs`, whose folders lie under `root`; their outcomes, in their order.
   `label` begins every line said. With `parallel`, Ray is joined or started here
-  (`connected`) unless the caller is inside `connected` already."""
+  (`connected`) unless the caller is inside `connected` already; without, a job
+  stopped by a preemption notice (Stopped) ends the run of the jobs there."""
   if parallel is None:
     return [_run_here(job, label, say) for job in jobs]
   if not jobs:
@@ -289,11 +291,10 @@ def run(
 
 
 def _run_here(job: Job, label: str, say) -> Outcome:
+  """The job, here; Stopped (a preemption notice) goes up: the runs after it wait
+  for the same command to resume them."""
   say(f"{label}: {job.name}", flush=True)
-  try:
-    return Outcome(job.call(*job.args))
-  except Stopped as error:
-    return Outcome(None, f"stopped: {error}")
+  return Outcome(job.call(*job.args))
 
 
 @contextlib.contextmanager
@@ -309,15 +310,15 @@ def connected(parallel: Parallel):
     options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
     try:
       if parallel.address:
-        ray.init(address=parallel.address, **options)
+        ray_connection.init(address=parallel.address, **options)
       else:
         cpus = math.ceil((parallel.points or 1) * parallel.cpus)
-        ray.init(address="local", num_cpus=cpus, **options)
+        ray_connection.init(address="local", num_cpus=cpus, **options)
     except (ConnectionError, RuntimeError, ValueError) as error:
       if parallel.address:
         raise ConfigError(
           f"{parallel.address_from}={parallel.address!r}: Ray could not connect "
-          f"({_first_line(error)}); {ray_address.ALLOWED}"
+          f"({_first_line(error)}); {ray_connection.ALLOWED}"
         ) from None
       raise ConfigError(f"a Ray on this machine did not start: {_first_line(error)}") from None
   try:
@@ -435,51 +436,32 @@ def _task(call, args: tuple, cwd: str, log: str, gpus: float) -> int:
   return call(*args)
 
 
-@contextlib.contextmanager
-def _raylet_in_our_words(label: str, say):
-  """Ray's driver prints the raylet's messages as they come: a page a lost process
-  ("A worker died ..."), and each retry with the task's traceback. While jobs run,
-  each retry is said in one line instead, and the rest of a lost process's page is
-  left out (the job's log and its end line say what happened). Other messages are
-  Ray's own. Ray offers no switch for these; without the hook (another Ray), its
-  pages are printed as they were."""
-  from ray._private import worker  # noqa: PLC0415
-
-  printer = getattr(worker, "print_to_stdstream", None)
-  if printer is None:
-    yield
-    return
-
-  def in_our_words(data, *args, **kwargs):
-    text = "\n".join(data.get("lines", ())) if data.get("pid") == "raylet" else ""
-    retries = re.search(r"There are (\d+) retries remaining", text)
-    if retries:
-      say(
-        f"{label}: a run's process was lost or stopped; Ray runs it again "
-        f"({retries[1]} retries left)",
-        flush=True,
-      )
-    elif "A worker died or was killed" not in text:
-      printer(data, *args, **kwargs)
-
-  worker.print_to_stdstream = in_our_words
-  try:
-    yield
-  finally:
-    worker.print_to_stdstream = printer
-
-
 # The variables of this process that a job's process is given on any node: JAX's and
 # XLA's settings (flags, the compilation cache), which decide what a run computes.
 FORWARDED_PREFIXES = ("JAX_", "XLA_")
 
 
 def forwarded_environment() -> dict[str, str]:
-  return {name: value for name, value in os.environ.items() if name.startswith(FORWARDED_PREFIXES)}
+  """JAX's and XLA's variables, and the processor count XLA:CPU sizes its thread pool
+  by (PJRT_NPROC): this machine's, so that a job's convolutions round on any node as
+  they do here (easgd.infra.sharding.cpu_threads)."""
+  from easgd.infra import sharding  # noqa: PLC0415 (JAX: only where jobs start)
+
+  environment = {
+    name: value for name, value in os.environ.items() if name.startswith(FORWARDED_PREFIXES)
+  }
+  environment[sharding.CPU_THREADS_VARIABLE] = str(sharding.processors())
+  return environment
 
 
 def _run_on_ray(jobs: list[Job], parallel: Parallel, label: str, say) -> list[Outcome]:
-  with _raylet_in_our_words(label, say):
+  def retried(left: int) -> None:
+    say(
+      f"{label}: a run's process was lost or stopped; Ray runs it again ({left} retries left)",
+      flush=True,
+    )
+
+  with ray_connection.lost_processes_in_our_words(retried):
     return _run_tasks(jobs, parallel, label, say)
 
 

@@ -228,8 +228,8 @@ def use_cpu_devices(count: int = CPU_DEVICES) -> None:
 @contextlib.contextmanager
 def connected(parallel):
   """The Ray of `parallel` (nothing for runs one after another) for a study's runs: a
-  Ray that cannot start, or that no node of can run them, ends the study in one line
-  (exit 2) before anything trains."""
+  Ray that cannot start, or whose nodes cannot place a run, ends the study in one
+  line (exit 2) before anything trains."""
   try:
     with executor.maybe_connected(parallel):
       yield
@@ -246,6 +246,9 @@ def train_all(runs: list[tuple[str, object, str]], parallel, workdir: str, label
     outcomes = executor.run(jobs, parallel, workdir, label=label)
   except ConfigError as error:
     arguments.fail(str(error))
+  except executor.Stopped:  # a preemption notice: that run saved where it was
+    print(f"{label}: stopped; run the same command to resume", flush=True)
+    sys.exit(0)
   pairs = zip(jobs, outcomes, strict=True)
   failed = [f"{job.name} {outcome.status}" for job, outcome in pairs if outcome.code != 0]
   if failed:

@@ -14,7 +14,7 @@ PACKAGE_DIRS["easgd.configs"] = REPO / "configs"
 # The package's layers, from the bottom: a module imports its own layer or lower
 # ones. The entry points and the packaged configs sit on top.
 LAYERS = (
-  ("easgd.errors", "easgd.arguments", "easgd.durations", "easgd.ray_address"),
+  ("easgd.errors", "easgd.arguments", "easgd.durations", "easgd.ray_connection"),
   ("easgd.models",),
   ("easgd.rules", "easgd.sim"),
   ("easgd.infra",),

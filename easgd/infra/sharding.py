@@ -64,21 +64,23 @@ def cpu_threads() -> int:
   or the process's CPU devices if there are more. A process without a CPU
   backend (JAX_PLATFORMS=cuda) counts none.
   """
-  processors = None
-  for variable in _PROCESSOR_VARIABLES:
-    value = os.environ.get(variable, "")
-    if value.isdigit() and int(value) > 0:
-      processors = int(value)
-      break
-  if processors is None:
-    processors = (
-      len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
+  count = processors()
   try:
     devices = len(jax.local_devices(backend="cpu"))
   except RuntimeError:  # JAX was told to start no CPU backend
     devices = 0
-  return max(processors, devices)
+  return max(count, devices)
+
+
+def processors() -> int:
+  """The processor count XLA:CPU sizes its thread pool by (before the devices count):
+  the first of PJRT_NPROC and NPROC that is a positive integer, else the processors
+  this process may run on."""
+  for variable in _PROCESSOR_VARIABLES:
+    value = os.environ.get(variable, "")
+    if value.isdigit() and int(value) > 0:
+      return int(value)
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def make_mesh(num_devices: int) -> Mesh:

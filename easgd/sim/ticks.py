@@ -68,6 +68,7 @@ class Tick:
       "requests": self.requests.tolist(),
       "bytes_sent": self.bytes_sent.tolist(),
       "left": list(self.left),
+      "unvalued": list(self.unvalued),
     }
 
   @classmethod
@@ -82,6 +83,7 @@ class Tick:
       requests=np.array(values["requests"], np.int64),
       bytes_sent=np.array(values["bytes_sent"], np.float64),
       left=[int(worker) for worker in values.get("left", ())],
+      unvalued=[int(worker) for worker in values.get("unvalued", ())],
     )
 
   def device_inputs(self) -> dict[str, np.ndarray]:

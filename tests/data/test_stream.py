@@ -1,13 +1,12 @@
 """Streamed input (easgd.data.stream) and records folders (easgd.data.records):
-the same batches as on the devices, bit for bit; resume after kill -9; bad input."""
+the same batches as on the devices, bit for bit; bad input. (A streamed run killed
+and resumed: tests/infra/test_distributed.py.)"""
 
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 from easgd.data import convert, datasets, records, stream
 from easgd.errors import ConfigError
 from easgd.train import trainer
-from runs import REPO, read_state, small_config, small_flags, steps_saved, train
+from runs import REPO, small_config
 
 # A generated dataset larger than the budget the tests set: 3,000 training
 # images of 12x12x3 (4 workers: 750 each, 324 KB a partition).
@@ -115,28 +114,6 @@ def test_streamed_and_placed_runs_end_bitwise_equal(folder, tmp_path, algorithm,
 
 
 @pytest.mark.e2e
-def test_a_streamed_run_killed_and_resumed_ends_as_the_placed_run(small_run, tmp_path):
-  """kill -9 after a checkpoint, rerun: no iterator state, the same bits as a run
-  that never stopped (the shared placed run of tests/conftest.py)."""
-  flags = small_flags({"data.source": "stream"}, algorithm="sync_easgd")
-  process = train(tmp_path, *flags)
-  deadline = time.monotonic() + 240
-  while not os.path.isdir(tmp_path / "checkpoints" / "10") and time.monotonic() < deadline:
-    time.sleep(0.05)
-  process.popen.send_signal(signal.SIGKILL)
-  process.popen.wait(timeout=30)
-  assert max(steps_saved(tmp_path)) < 40
-  resumed = train(tmp_path, *flags)
-  assert resumed.wait(timeout=300) == 0, resumed.tail()
-  assert "resumed from the checkpoint of step" in resumed.output()
-  assert "training data: stream" in resumed.output()
-  straight = small_run("sync_easgd")
-  a = read_state(tmp_path / "checkpoints" / "40" / "state")
-  b = read_state(straight / "checkpoints" / "40" / "state")
-  assert len(a) == len(b) > 5
-  assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-
-
 def _copy_with(folder, tmp_path, change):
   broken = tmp_path / "broken"
   subprocess.run(["cp", "-r", folder, str(broken)], check=True)

@@ -14,6 +14,7 @@ Ray is imported only by a run that uses it: other runs do not pay for its
 import, and a missing Ray is refused in one line.
 """
 
+import contextlib
 import importlib.util
 import os
 
@@ -22,7 +23,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from easgd import ray_address
+from easgd import ray_connection
 from easgd.errors import ConfigError, require
 from easgd.infra import platform, sharding
 from easgd.rules import RULES, Hyper, make_rule
@@ -45,8 +46,8 @@ def check_address(config: ml_collections.ConfigDict) -> str:
   """The address to connect to (config.ray.address, else RAY_ADDRESS; '' for an
   embedded Ray); ConfigError (one line naming where it came from) for one that
   cannot be reached."""
-  address, named = ray_address.resolve(config.ray.address, "config.ray.address")
-  ray_address.check(address, named)
+  address, named = ray_connection.resolve(config.ray.address, "config.ray.address")
+  ray_connection.check(address, named)
   return address
 
 
@@ -63,12 +64,12 @@ def connect(config: ml_collections.ConfigDict) -> bool:
 
   if ray.is_initialized():
     return False
-  address, named = ray_address.resolve(config.ray.address, "config.ray.address")
-  ray_address.check(address, named)
+  address, named = ray_connection.resolve(config.ray.address, "config.ray.address")
+  ray_connection.check(address, named)
   try:
     # "local": a new embedded Ray. None would join the cluster `ray start` (or
     # ray.cluster_utils) last started on this machine, running or not.
-    ray.init(
+    ray_connection.init(
       address=address or "local",
       include_dashboard=False,
       log_to_driver=False,
@@ -77,7 +78,7 @@ def connect(config: ml_collections.ConfigDict) -> bool:
   except (ConnectionError, RuntimeError, ValueError) as error:
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
     raise ConfigError(
-      f"{named}={address!r}: Ray could not connect ({first}); {ray_address.ALLOWED}"
+      f"{named}={address!r}: Ray could not connect ({first}); {ray_connection.ALLOWED}"
     ) from None
   return not address
 
@@ -87,6 +88,10 @@ class RayTrainee(ThreadsTrainee):
 
   def __init__(self, *args, started_ray: bool, **kwargs):
     self.started_ray = started_ray
+    # A lost worker process is said in the run's own line (it rejoins, leaves or
+    # stops the run): Ray's page about it is left out while the run lasts.
+    self._quiet = contextlib.ExitStack()
+    self._quiet.enter_context(ray_connection.lost_processes_in_our_words())
     super().__init__(*args, **kwargs)
 
   def _workers(self, rule, setup, rows, clock, trace, pacing):
@@ -199,6 +204,7 @@ class RayTrainee(ThreadsTrainee):
     try:
       super().close()
     finally:
+      self._quiet.close()
       if self.started_ray:
         import ray  # noqa: PLC0415 (module docstring)
 

@@ -167,7 +167,7 @@ class RayWorkers(Workers):
       except WorkerLost:
         if self.stopping:
           raise _Stop from None
-        if j in self.unvalued:  # before its join or leave, as the replay reads them
+        if j in self.unvalued:  # traced when the loss is seen, before its join or leave
           with self.cond:
             self.trace.unvalued(j, self.unvalued.pop(j))
             self.clock.events += 1

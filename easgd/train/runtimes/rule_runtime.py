@@ -121,8 +121,10 @@ class RuleReports:
   train/loss, train/accuracy and train/learning_rate are means over the local
   steps that the workers took since the last log, each step counted once (its
   loss and accuracy those of its forward pass, its rate the one its worker's
-  step count gives). A parameter-server rule's workers step at their own pace:
-  its runtimes hand each step's values (`add_local_steps`), and the clock's
+  step count gives); a runtime=ray step whose process died as it computed it
+  has a rate but no loss or accuracy (Tick.unvalued), in the run and its replay.
+  A parameter-server rule's workers step at their own pace: its runtimes hand
+  each step's values (`add_local_steps`), and the clock's
   LogWindow adds them exactly, so that a threads or ray run and the replay of
   its trace, which take the same steps between the same logs, log the same
   bits. The synchronous and outer rules step every worker each tick: the mean

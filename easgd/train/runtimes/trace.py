@@ -30,12 +30,16 @@ One JSON object a line, each ending with its checksum, "sum" (below):
       runtime=ray: worker j runs in process p on host h from here on (written
       as each worker process starts, and again as one rejoins);
   {"kind": "unvalued", "worker": j, "step": k}
-      runtime=ray: worker j's local step k, traced with its request, gave no
-      loss or accuracy: its process died as it computed the step, after the
-      request was served (the row it computed is lost with the process, and
-      the worker rejoins or leaves from the center). The replay takes the
-      step, whose result the join or leave overwrites as the run's did, and
-      leaves its values out of the logged means, as the run had to;
+      runtime=ray: worker j's local step k, traced with its request (an
+      "exchange" or a "read" event before this line), gave no loss or
+      accuracy: its process died as it computed the step, after the request
+      was served. Written when the loss is seen, before the worker's join or
+      leave (under cluster.on_worker_loss=stop, before the run stops). The row
+      it computed is lost with the process, and the join or leave restarts it
+      from the center; the replay takes the step, whose result that reset
+      overwrites as the run's did, and leaves its values out of the logged
+      loss and accuracy, as the run had to (its learning rate still counts, as
+      in the run: the step was taken);
   {"kind": "end", "events": N, "ticks": T}: written when the run completes;
       N counts the lines between the header and it.
 
@@ -380,7 +384,10 @@ def read(path: str) -> Trace:
           f"{name} is malformed at line {number}: not an unvalued step of one of its "
           f"{workers} workers (worker, step)"
         )
-      unvalued.append((record["worker"], record["step"]))
+      step = (record["worker"], record["step"])
+      if step in unvalued:
+        raise ConfigError(f"{name} is malformed at line {number}: an unvalued step given twice")
+      unvalued.append(step)
       continue
     if record.get("kind") == "process":
       if not _process_record(record, workers):
@@ -487,14 +494,15 @@ def pack(events: list[Event], num_workers: int, unvalued: list[tuple[int, int]] 
       )
     if event.op == "leave":
       leaves.append((tick, event.worker))
-    if event.local and (event.worker, event.step) in unvalued_left:
+    requested = event.op in ("exchange", "read")  # a step computed after its request
+    if requested and (event.worker, event.step) in unvalued_left:
       unvalued_left.discard((event.worker, event.step))
       marks.append((tick, event.worker))
   if unvalued_left:
     worker, step = min(unvalued_left)
     raise ConfigError(
-      f"the trace says worker {worker}'s local step {step} gave no values, and has no such "
-      "step: the trace is inconsistent"
+      f"the trace says worker {worker}'s local step {step} gave no values, and has no "
+      "request of that step: the trace is inconsistent"
     )
   ticks = packer.release_all()
   for tick, worker in leaves:

@@ -258,8 +258,10 @@ def test_a_step_that_gave_no_values_is_marked_in_its_tick_and_checked(tmp_path):
   assert recorded.unvalued == [(1, 1)]
   ticks = trace.pack(recorded.events, 2, recorded.unvalued)
   assert [tick.unvalued for tick in ticks] == [[], [1], []]
-  with pytest.raises(ConfigError, match="worker 0's local step 7 gave no values, and has no such"):
-    trace.pack(recorded.events, 2, [(0, 7)])
+  # A mark must name a step computed after its request (an exchange or a read).
+  for step in ((0, 7), (0, 0)):  # no such step; a plain local step (computed before)
+    with pytest.raises(ConfigError, match=f"local step {step[1]} gave no values, and has no"):
+      trace.pack(recorded.events, 2, [step])
   bodies = _bodies((tmp_path / trace.FILE).read_text().splitlines(keepends=True))
   for bad in ('"step": -1', '"step": 1.5', '"worker": 2'):
     field = bad.split(":")[0]
@@ -267,3 +269,6 @@ def test_a_step_that_gave_no_values_is_marked_in_its_tick_and_checked(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text("".join(_chained([*bodies[:5], body, *bodies[6:]])))
     _refused(path, "line 6: not an unvalued step of one of its 2 workers")
+  twice = _chained([*bodies[:6], bodies[5], *bodies[6:-1], bodies[-1].replace("7", "8", 1)])
+  (tmp_path / "twice.jsonl").write_text("".join(twice))
+  _refused(tmp_path / "twice.jsonl", "line 7: an unvalued step given twice")
