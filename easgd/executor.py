@@ -17,10 +17,14 @@ A job whose process is lost (killed, its node gone) or stopped before its
 last step (SIGTERM: train.py saves and exits 0) is retried by Ray, up to
 `Parallel.retries` times, and resumes from its own checkpoint. A run resumed
 ends as one that never stopped, so a job's bits do not depend on where or
-how often it ran. Ray gives a process with no GPU every GPU of its node to
-see: a job that declares none is shown none (CUDA_VISIBLE_DEVICES=""), and one
-with a fraction of a GPU does not preallocate most of its memory
-(XLA_PYTHON_CLIENT_PREALLOCATE=false), as JAX would.
+how often it ran: a job's process is given this process's JAX_* and XLA_*
+variables, and this machine's processor count for XLA:CPU's thread pool
+(PJRT_NPROC), on any node. Ray gives a process with no GPU every GPU of its
+node to see: a job that declares none is shown none (CUDA_VISIBLE_DEVICES="")
+and trains on the CPU (JAX_PLATFORMS=cpu unless set), and one with a fraction
+of a GPU does not preallocate most of its memory
+(XLA_PYTHON_CLIENT_PREALLOCATE=false), as JAX would. In a job run one after
+another, a preemption notice (Stopped) ends the sequence instead.
 
 On a cluster the jobs write their folders on the nodes that run them: the
 workdir must be a folder every node shares (NFS and the like). `run` checks it
