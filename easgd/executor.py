@@ -498,6 +498,9 @@ def _run_tasks(jobs: list[Job], parallel: Parallel, label: str, say) -> list[Out
       log = os.path.abspath(os.path.join(job.workdir, LOG))
       running[task.remote(job.call, job.args, os.getcwd(), log, parallel.gpus)] = number
       progress.start(number)
+    if time.monotonic() >= next_line:
+      say(f"{label}: {progress.line(len(queued), sorted(running.values()), outcomes)}", flush=True)
+      next_line = time.monotonic() + PROGRESS_EVERY
     ready, _ = ray.wait(list(running), num_returns=1, timeout=PROGRESS_EVERY)
     for ref in ready:
       number = running.pop(ref)
@@ -506,9 +509,6 @@ def _run_tasks(jobs: list[Job], parallel: Parallel, label: str, say) -> list[Out
       job = jobs[number]
       where = f"; its output: {os.path.join(job.workdir, LOG)}" if outcomes[number].failed else ""
       say(f"{label}: {job.name} {outcomes[number].status}{where}", flush=True)
-    if running and time.monotonic() >= next_line:
-      say(f"{label}: {progress.line(len(queued), sorted(running.values()), outcomes)}", flush=True)
-      next_line = time.monotonic() + PROGRESS_EVERY
   return [outcomes[number] for number in range(len(jobs))]
 
 
