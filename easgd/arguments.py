@@ -21,9 +21,11 @@ def load_file(path: str, name: str):
   return importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
 
 
-def first_line(error: Exception) -> str:
-  """An exception as one line: its type and its message's first line."""
-  return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+def first_line(error: BaseException) -> str:
+  """An exception as one line: its type and its message's first line (its type alone
+  when it has no message)."""
+  first = (str(error).strip().splitlines() or [""])[0]
+  return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def fail(message: str, code: int = 2):

@@ -44,7 +44,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from easgd import ray_connection
+from easgd import arguments, ray_connection
 from easgd.durations import duration
 from easgd.errors import ConfigError
 
@@ -162,8 +162,6 @@ def parallel_of(
 
 def add_arguments(parser) -> None:
   """The same flags for an argparse program (the studies)."""
-  from easgd import arguments  # noqa: PLC0415 (light: no JAX)
-
   parser.add_argument(
     "--parallel", type=arguments.integer(1), default=None, help="runs at once, as Ray tasks"
   )
@@ -322,9 +320,10 @@ def connected(parallel: Parallel):
       if parallel.address:
         raise ConfigError(
           f"{parallel.address_from}={parallel.address!r}: Ray could not connect "
-          f"({_first_line(error)}); {ray_connection.ALLOWED}"
+          f"({arguments.first_line(error)}); {ray_connection.ALLOWED}"
         ) from None
-      raise ConfigError(f"a Ray on this machine did not start: {_first_line(error)}") from None
+      why = arguments.first_line(error)
+      raise ConfigError(f"a Ray on this machine did not start: {why}") from None
   try:
     _check_resources(parallel, ray.nodes())
     yield
@@ -395,8 +394,8 @@ def check_shared(workdir: str, parallel: Parallel) -> None:
   except (ray.exceptions.RayError, TimeoutError) as error:
     problem = (
       f"the Ray nodes could not say whether they see {os.path.abspath(workdir)!r} "
-      f"({_first_line(error)}): each node needs this project at the same path, in the same "
-      "Python environment"
+      f"({arguments.first_line(error)}): each node needs this project at the same path, "
+      "in the same Python environment"
     )
   finally:
     os.remove(path)
@@ -517,14 +516,9 @@ def _outcome(ray, ref) -> Outcome:
     return Outcome(ray.get(ref))
   except ray.exceptions.RayTaskError as error:
     cause = error.cause if error.cause is not None else error
-    return Outcome(None, _first_line(cause))
+    return Outcome(None, arguments.first_line(cause))
   except ray.exceptions.RayError as error:  # its process or node lost, past the retries
-    return Outcome(None, f"lost: {_first_line(error)}")
-
-
-def _first_line(error: BaseException) -> str:
-  text = (str(error).strip().splitlines() or [""])[0]
-  return f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return Outcome(None, f"lost: {arguments.first_line(error)}")
 
 
 class Progress:

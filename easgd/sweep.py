@@ -78,7 +78,7 @@ def load_sweep(config_path: str) -> list[dict]:
   try:
     module.__loader__.exec_module(module)
   except Exception as error:  # noqa: BLE001 (any failure of the user's file)
-    raise ConfigError(f"{config_path} does not load: {_failure(error)}") from None
+    raise ConfigError(f"{config_path} does not load: {arguments.first_line(error)}") from None
   if not hasattr(module, "get_sweep"):
     raise ConfigError(f"{config_path} defines no get_sweep(); a sweep needs one: {ALLOWED}")
   if not callable(module.get_sweep):
@@ -86,7 +86,7 @@ def load_sweep(config_path: str) -> list[dict]:
   try:
     points = module.get_sweep()
   except Exception as error:  # noqa: BLE001 (any failure of the user's function)
-    raise ConfigError(f"{config_path}: get_sweep() raised {_failure(error)}") from None
+    raise ConfigError(f"{config_path}: get_sweep() raised {arguments.first_line(error)}") from None
   if not isinstance(points, (list, tuple)):
     raise ConfigError(f"{config_path}: get_sweep() returned {_kind(points)}; {ALLOWED}")
   if not points:
@@ -107,11 +107,6 @@ def load_sweep(config_path: str) -> list[dict]:
           f"not a config field's name (a string); {ALLOWED}"
         )
   return list(points)
-
-
-def _failure(error: Exception) -> str:
-  first = (str(error).splitlines() or [""])[0]
-  return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def check_points(
