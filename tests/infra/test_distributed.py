@@ -62,26 +62,50 @@ def test_pipeline_over_two_processes_equals_one_process_and_outlives_a_bad_check
   assert "could not read the checkpoint of step 40" in stopped.output()
   assert "run the same command again to resume from the one before" in stopped.output()
   assert os.path.isdir(tmp_path / "corrupt_checkpoints" / "40")
-  again = launch(tmp_path, *small_flags(algorithm="pipeline"))
-  assert again.wait(RUN_SECONDS) == 0, again.tail()
-  assert "resumed from the checkpoint of step 30" in again.output()
-  for a, b in zip(_final_leaves(tmp_path), expected, strict=True):
-    assert np.array_equal(a, b)
+  # The one before is resumed as in one process (test_checkpoint.py).
+  assert steps_saved(tmp_path)[-1] == 30
 
 
-def test_a_killed_process_stops_the_others_and_a_restart_resumes(tmp_path, small_run):
+def test_preempted_then_killed_over_two_processes_each_time_the_same_command_resumes(
+  tmp_path, small_run
+):
   """hogwild_easgd (the master's sequential operations, replicated), its batches
-  streamed (each process reads its own workers'): SIGKILL to process 1 after a
-  checkpoint. Process 0 aborts when the heartbeats stop (--heartbeat_timeout
-  10 s); the same command then resumes, to the bits of a run on one process
-  whose data was placed on the devices.
+  streamed (each process reads its own workers'), over 2 processes x 2 devices:
+  - SIGTERM to the launcher reaches both processes; they agree on a step,
+    checkpoint it and exit 0;
+  - the same command resumes; SIGKILL to process 1 after a checkpoint: process
+    0 aborts when the heartbeats stop (--heartbeat_timeout 10 s);
+  - the same command resumes to the end, to the bits of a run on one process
+    whose data was placed on the devices;
+  - a host lost for good: the oldest checkpoint kept goes on with one process of
+    2 devices (two workers a device), restored into that layout's shardings.
   """
   flags = small_flags({"data.source": "stream"}, algorithm="hogwild_easgd")
   run = launch(tmp_path, *flags)
+  run.wait_for(r"\[process 0\].*step 10/", RUN_SECONDS)
+  run.popen.send_signal(signal.SIGTERM)
+  signalled = time.monotonic()
+  assert run.wait(60) == 0, run.tail()
+  assert time.monotonic() - signalled < 30
+  output = run.output()
+  for index in (0, 1):
+    assert f"process {index} streams the batches of 2 of 4 workers" in output
+  stops = {
+    int(line.rsplit(" ", 1)[1])
+    for line in output.splitlines()
+    if "preemption notice (SIGTERM): stopping after step" in line
+  }
+  assert len(stops) == 1  # both processes stopped after the same step
+  (stopped,) = stops
+  assert stopped < 30 and steps_saved(tmp_path)[-1] == stopped
+  assert output.count("run the same command to resume") == 2
+
+  run = launch(tmp_path, *flags)
   pid = int(run.wait_for(r"process 1 \(pid (\d+)\) started", 60).group(1))
-  run.wait_for(r"process 1 streams the batches of 2 of 4 workers", 60)
+  run.wait_for(f"resumed from the checkpoint of step {stopped}", 60)
+  after = stopped - stopped % 10 + 10  # the next checkpoint
   deadline = time.monotonic() + RUN_SECONDS
-  while not os.path.isdir(tmp_path / "checkpoints" / "10") and time.monotonic() < deadline:
+  while not os.path.isdir(tmp_path / "checkpoints" / str(after)) and time.monotonic() < deadline:
     time.sleep(0.02)
   os.kill(pid, signal.SIGKILL)
   killed = time.monotonic()
@@ -93,54 +117,19 @@ def test_a_killed_process_stops_the_others_and_a_restart_resumes(tmp_path, small
   # JAX's coordination service names the lost task in process 0's log.
   assert "[process 0]" in output and "stopped sending heartbeats" in output
   last = steps_saved(tmp_path)[-1]
-  assert 10 <= last < 40
+  assert after <= last < 40
 
   again = launch(tmp_path, *flags)
   assert again.wait(RUN_SECONDS) == 0, again.tail()
   assert f"resumed from the checkpoint of step {last}" in again.output()
   expected = _final_leaves(small_run("hogwild_easgd"))
-  for a, b in zip(_final_leaves(tmp_path), expected, strict=True):
-    assert a.dtype == b.dtype and np.array_equal(a, b)
-
-
-def test_sync_easgd_preempted_over_two_processes_resumes_to_one_process_result(tmp_path, small_run):
-  """SIGTERM to the launcher reaches both processes; they agree on a step,
-  checkpoint it and exit 0; the same command finishes the run.
-
-  The elastic all-reduce adds the workers' differences in gloo's order across
-  processes and in XLA's within one, so the runs agree to float rounding.
-  """
-  flags = small_flags(algorithm="sync_easgd")
-  run = launch(tmp_path, *flags)
-  run.wait_for(r"\[process 0\].*step 10/", RUN_SECONDS)
-  run.popen.send_signal(signal.SIGTERM)
-  signalled = time.monotonic()
-  assert run.wait(60) == 0, run.tail()
-  assert time.monotonic() - signalled < 30
-  output = run.output()
-  _each_process_read_half_the_data(output)
-  stops = {
-    int(line.rsplit(" ", 1)[1])
-    for line in output.splitlines()
-    if "preemption notice (SIGTERM): stopping after step" in line
-  }
-  assert len(stops) == 1  # both processes stopped after the same step
-  (stopped,) = stops
-  assert stopped < 40 and steps_saved(tmp_path)[-1] == stopped
-  assert output.count("run the same command to resume") == 2
-
-  again = launch(tmp_path, *flags)
-  assert again.wait(RUN_SECONDS) == 0, again.tail()
-  assert f"resumed from the checkpoint of step {stopped}" in again.output()
-  expected = _final_leaves(small_run("sync_easgd"))
   got = _final_leaves(tmp_path)
   assert len(got) == len(expected) > 10
   for a, b in zip(got, expected, strict=True):
-    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert a.dtype == b.dtype and np.array_equal(a, b)
 
-  # A host lost for good: the oldest checkpoint kept goes on with one process of
-  # 2 devices (two workers a device), restored into that layout's shardings. The
-  # all-reduce's order changed with the layout: equal to float rounding.
+  # The oldest checkpoint on one process of 2 devices: the same arithmetic, in
+  # another layout of the workers over the devices.
   oldest = steps_saved(tmp_path)[0]
   fewer = tmp_path / "fewer"
   shutil.copytree(tmp_path / "checkpoints" / str(oldest), fewer / "checkpoints" / str(oldest))
