@@ -79,6 +79,10 @@ def _train(workdir: str, flags: list[str], kill_worker: int, kill_at: int) -> tu
   seconds = time.perf_counter() - started
   log = "".join(lines)
   if run.wait():
+    last = log.strip().splitlines()[-1] if log.strip() else ""
+    if last.startswith("error: "):  # train.py refused its input: its one line
+      sys.stderr.write(last + "\n")
+      sys.exit(run.returncode)
     sys.exit(f"error: {' '.join(command)} exited {run.returncode}:\n{log[-3000:]}")
   return seconds, log
 

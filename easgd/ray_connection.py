@@ -33,21 +33,45 @@ def resolve(given: str, named: str) -> tuple[str, str]:
   return os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
 
 
+# What a client sends first on an HTTP/2 connection (RFC 9113, 3.4): the preface,
+# then its SETTINGS frame (here empty: length 0, type 4, no flags, stream 0).
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+HTTP2_SETTINGS = 4  # the type of the frame an HTTP/2 server must answer with first
+
+
 def check(address: str, named: str) -> None:
   """ConfigError (one line naming `named`, where the address came from) unless
-  `address` is empty, 'auto' or a HOST:PORT that accepts a connection within
-  CONNECT_TIMEOUT seconds."""
+  `address` is empty, 'auto' or a HOST:PORT that accepts a connection and answers
+  as gRPC does within CONNECT_TIMEOUT seconds.
+
+  A Ray head's address (its GCS, or Ray Client's ray://) is a gRPC server, which
+  answers an HTTP/2 preface with its SETTINGS frame at once. ray.init, given a
+  port that accepts connections but is not Ray's, retries for minutes."""
   if not address or address == "auto":
     return
   host, colon, port = address.removeprefix("ray://").rpartition(":")
   if not (colon and host and port.isdigit()):
     raise ConfigError(f"{named}={address!r} is not HOST:PORT: {ALLOWED}")
   try:
-    socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
+    with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT) as connection:
+      connection.sendall(HTTP2_PREFACE)
+      header = b""
+      while len(header) < 9:  # a frame's header: length (3), type (1), flags, stream
+        received = connection.recv(9 - len(header))
+        if not received:
+          break
+        header += received
+  except TimeoutError:
+    header = b""
   except (OSError, ValueError) as error:
     raise ConfigError(
       f"{named}={address!r} is unreachable ({type(error).__name__}: {error}): {ALLOWED}"
     ) from None
+  if len(header) < 9 or header[3] != HTTP2_SETTINGS:
+    raise ConfigError(
+      f"{named}={address!r} accepts connections but does not answer as a Ray head "
+      f"(gRPC) within {CONNECT_TIMEOUT:g} s: {ALLOWED}"
+    )
 
 
 def init(**options) -> None:

@@ -2,6 +2,9 @@
 project's words. (The address's refusals are tests/test_executor.py's and
 tests/train/runtimes/test_ray.py's, through the flags and fields that give it.)"""
 
+import socket
+import threading
+
 import pytest
 from ray._private import worker
 
@@ -41,3 +44,26 @@ def test_the_address_comes_from_the_setting_else_ray_address(monkeypatch):
   ray_connection.check("auto", "--flag")  # nothing to reach before Ray looks
   with pytest.raises(ConfigError, match=r"^--flag='host:' is not HOST:PORT"):
     ray_connection.check("host:", "--flag")
+
+
+@pytest.mark.parametrize("answer", [None, b"HTTP/1.1 400 Bad Request\r\n\r\n"])
+def test_a_port_that_accepts_but_is_not_a_ray_head_is_refused_at_once(monkeypatch, answer):
+  """ray.init would retry such an address for minutes: a port that says nothing
+  (None), or answers but not as gRPC (an HTTP/1 server), is refused in one line."""
+  monkeypatch.setattr(ray_connection, "CONNECT_TIMEOUT", 0.5)
+  with socket.create_server(("127.0.0.1", 0)) as server:
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+
+    def serve():
+      connection, _ = server.accept()
+      with connection:
+        connection.recv(len(ray_connection.HTTP2_PREFACE))
+        if answer is not None:
+          connection.sendall(answer)
+        connection.recv(1)  # until the checker closes its end
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with pytest.raises(ConfigError, match="accepts connections but does not answer as a Ray head"):
+      ray_connection.check(address, "--flag")
+    thread.join()

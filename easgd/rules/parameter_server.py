@@ -87,6 +87,13 @@ def _index(tree, j):
   return jax.tree.map(lambda leaf: leaf[j], tree)
 
 
+def _where_rows(rows, new, old):
+  """`new`'s rows where `rows` (a [workers] mask) holds, `old`'s elsewhere."""
+  return jax.tree.map(
+    lambda n, o: jnp.where(rows.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old
+  )
+
+
 def _set(tree, j, value):
   return jax.tree.map(lambda leaf, v: leaf.at[j].set(v), tree, value)
 
@@ -303,8 +310,8 @@ class ParameterServerRule(Rule):
 
     return lax.fori_loop(start, tick["num_ops"], operation, carry)
 
-  def _reset_inner(self, tick, first, count, workers, inner):
-    """Fresh optimizer state for this device's workers that a RESET of `tick` restarted."""
+  def _restarted(self, tick, first, count) -> jax.Array:
+    """Whether each of this device's workers is restarted by a RESET of `tick`."""
     is_reset = (tick["op_kind"] == ticks.OpKind.RESET) & (
       jnp.arange(tick["op_kind"].shape[0]) < tick["num_ops"]
     )
@@ -313,13 +320,12 @@ class ParameterServerRule(Rule):
       .at[tick["op_worker"]]
       .max(is_reset.astype(jnp.int32))
     )
-    own = lax.dynamic_slice_in_dim(restarted, first, count) > 0
+    return lax.dynamic_slice_in_dim(restarted, first, count) > 0
+
+  def _reset_inner(self, restarted, workers, inner):
+    """Fresh optimizer state for the `restarted` workers."""
     fresh = self.fresh_worker_opt(workers)["inner"]
-    return jax.tree.map(
-      lambda new, old: jnp.where(own.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
-      fresh,
-      inner,
-    )
+    return _where_rows(restarted, fresh, inner)
 
   def _master(self, tick, key, first, count, steps_done, center, center_opt, workers, worker_opt):
     shared = {"workers": workers, **{f: worker_opt[f] for f in self.request_fields()}}
@@ -347,10 +353,18 @@ class ParameterServerRule(Rule):
       workers,
       worker_opt,
     )
+    if self.resets:
+      restarted = self._restarted(tick, first, count)
+      if deferred is not None:
+        # A worker reset at a cut, in the tick of its local step (runtime=ray:
+        # easgd.sim.events): the step is discarded with the process that held it.
+        deferred = jax.tree.map(
+          lambda leaf: _where_rows(restarted, jnp.zeros_like(leaf), leaf), deferred
+        )
     if deferred is not None:
       workers = self.apply_deferred(workers, deferred)
     if self.resets:
-      inner = self._reset_inner(tick, first, count, workers, worker_opt["inner"])
+      inner = self._reset_inner(restarted, workers, worker_opt["inner"])
       worker_opt = dict(worker_opt, inner=inner)
     # Each worker's loss and accuracy, and whether it stepped, where the worker is
     # (`metrics_spec`): the reports average them over the local steps taken

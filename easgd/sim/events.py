@@ -8,7 +8,11 @@
     is appended;
   * a RESET (a worker process joining or leaving) goes to the tick after
     the worker's previous event or later, never before the master's
-    previous operation: no other event of that worker shares its tick.
+    previous operation: no other event of that worker shares its tick;
+  * a RESET at a cut (runtime=ray: the process lost with every worker parked)
+    goes to the cut's tick, still open, after its operations: the tick
+    program then discards the worker's local step there, whose result the
+    lost process held (easgd.rules.parameter_server).
 Local steps of different workers commute, so each tick's state is a
 consistent cut of the simulation, and `Tick.time` is the latest event in it.
 """
@@ -37,11 +41,21 @@ class TickPacker:
     staleness: int = -1,
     wait: float = 0.0,
     sent: float = 0.0,
+    at_cut: int | None = None,
   ) -> int:
     """Places one event of `worker`: a local step (`local`) and/or a master operation
     (`op`); a served request also records its staleness, wait and bytes. Returns
-    the index of the tick it falls in."""
-    index = self.index_of(worker, local, op is not None, reset=op == OpKind.RESET)
+    the index of the tick it falls in. `at_cut`: a RESET's cut, the tick it goes to."""
+    if at_cut is None:
+      index = self.index_of(worker, local, op is not None, reset=op == OpKind.RESET)
+    else:
+      earliest = max(self._last_tick[worker], self._last_op_tick)
+      if op != OpKind.RESET or local or at_cut < earliest:
+        raise ValueError(
+          f"worker {worker}'s reset at the cut of tick {at_cut} falls before its own or "
+          f"the master's last event (tick {earliest})"
+        )
+      index = at_cut
     if index < self._released:
       raise ValueError(f"worker {worker}'s event falls in tick {index}, already released")
     if op is not None:

@@ -89,8 +89,10 @@ class Tick:
   def device_inputs(self) -> dict[str, np.ndarray]:
     """The arrays the device program reads: masks and the padded list of operations."""
     num_workers = len(self.local)
-    kinds = np.zeros(2 * num_workers, np.int32)
-    workers = np.zeros(2 * num_workers, np.int32)
+    # At most three operations a worker in a tick: a READ, its WRITE, and runtime=ray's
+    # join or leave at a cut (easgd.sim.events).
+    kinds = np.zeros(3 * num_workers, np.int32)
+    workers = np.zeros(3 * num_workers, np.int32)
     for position, (kind, worker) in enumerate(self.ops):
       kinds[position], workers[position] = kind, worker
     return {

@@ -16,7 +16,7 @@ import numpy_reference
 from easgd import rules, steps
 from easgd.infra import sharding
 from easgd.sim import timing
-from easgd.sim.ticks import OpKind
+from easgd.sim.ticks import OpKind, Tick
 from least_squares import DIM, OUT, loss_fn, numpy_grad
 from runs import assert_stopped_and_resumed_ends_as_never_stopped
 
@@ -400,3 +400,50 @@ def test_async_local_sgd_resumed_between_momentum_moves_ends_as_one_never_stoppe
     "cluster.straggler_slowdown": 3.0,
   }
   assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "async_local_sgd", overrides, 22)
+
+
+@pytest.mark.parametrize("name", ["async_measgd", "async_msgd"])
+def test_a_reset_in_the_tick_of_the_workers_step_leaves_it_at_the_ticks_center(name):
+  """runtime=ray's join or leave at a cut: the last operation of a tick in which the
+  worker also stepped (easgd.sim.events). Its row ends at the center after the
+  tick's operations, its optimizer state fresh; the step it took there is
+  discarded (an elastic rule's deferred update, EAMSGD's look-ahead shift, a
+  pushing rule's step and accumulated gradient), and the other worker's row is
+  as in the same tick without the reset."""
+  hyper = hyper_for(name, num_workers=2)
+  x0, batches = make_data(2, 3)
+  rule = rules.make_rule(name, hyper)
+  rule.resets = True  # as a replay whose trace holds a join or leave sets it
+  mesh = sharding.make_mesh(2)
+  params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x0)
+  initial = steps.init_state(rule, params, jax.random.PRNGKey(0), mesh)
+  step = steps.build_rule_step(rule, loss_fn, mesh, initial)
+  batch = {
+    key: np.stack([batches[i][0][key] for i in range(2)]).astype(np.float32) for key in ("x", "y")
+  }
+
+  def after(ops):
+    tick = Tick.empty(2)
+    tick.local[:] = True
+    tick.ops.extend(ops)
+    state = steps.init_state(rule, params, jax.random.PRNGKey(0), mesh)
+    # A step first, so that momentum and accumulated gradients are not zero.
+    first = Tick.empty(2)
+    first.local[:] = True
+    state, _ = step(state, batch, rule.tick_inputs(first))
+    return jax.device_get(step(state, batch, rule.tick_inputs(tick))[0])
+
+  reset = after([(OpKind.EXCHANGE, 0), (OpKind.RESET, 1)])
+  plain = after([(OpKind.EXCHANGE, 0)])
+  for key in x0:
+    np.testing.assert_array_equal(reset.workers[key][1], reset.center[key])
+    np.testing.assert_array_equal(reset.workers[key][0], plain.workers[key][0])
+    np.testing.assert_array_equal(reset.center[key], plain.center[key])
+    assert not np.array_equal(plain.workers[key][1], plain.center[key])
+  fresh = jax.device_get(rule.fresh_worker_opt(jax.tree.map(lambda a: a[None], params)))
+  for got, want in zip(
+    jax.tree.leaves(jax.tree.map(lambda a: a[1], reset.worker_opt)),
+    jax.tree.leaves(jax.tree.map(lambda a: a[0], fresh)),
+    strict=True,
+  ):
+    np.testing.assert_array_equal(got, want)

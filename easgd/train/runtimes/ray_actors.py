@@ -18,6 +18,13 @@ leaf's arithmetic, and the key each leaf's compression draws from, are those
 of the unsplit program. A request goes to every server with that server's
 blocks of the worker's row; the worker puts the answers' blocks together.
 
+Incarnations: a worker's process makes a token when it starts (Ray starts it
+again after a loss under cluster.on_worker_loss=rejoin, from its constructor's
+arguments: the run's first row). Every answer carries it, and the servers
+refuse a request whose sender is not the incarnation the driver expects, so
+that nothing a restarted process computed from its constructor's row is taken
+for the row of the process that died (easgd.train.runtimes.ray_workers).
+
 Ray itself is imported where it is used, inside an actor: the module, its
 classes plain, imports without it.
 """
@@ -26,6 +33,7 @@ import dataclasses
 import os
 import socket
 import time
+import uuid
 
 import jax
 import ml_collections
@@ -184,6 +192,7 @@ class WorkerProcess:
     """recipe: what it builds its local step from (`Recipe`); row: (x_j, worker_opt) as
     NumPy, each leaf [1, ...]; fresh_opt: the optimizer state a joining worker starts
     with; fields: the rule's request fields."""
+    self.incarnation = uuid.uuid4().hex  # this process's start (the module's docstring)
     local, _ = recipe.programs()
     self.j, self.blocks, self.fields = j, blocks, fields
     self.device = jax.devices()[0]
@@ -204,26 +213,29 @@ class WorkerProcess:
     steps = self._put(np.asarray([step], np.int32))
     return (at, opt, steps, self.rng, self.images, self.labels, self.worker, base)
 
-  def where(self) -> tuple[int, str, str]:
-    return where()
+  def where(self) -> tuple[int, str, str, str]:
+    """(pid, host, Ray node, incarnation)."""
+    return (*where(), self.incarnation)
 
-  def local_step(self, step: int) -> tuple[float, float]:
-    """Its local step `step` at x_j, kept; (loss, accuracy)."""
+  def local_step(self, step: int) -> tuple[float, float, str]:
+    """Its local step `step` at x_j, kept; (loss, accuracy, incarnation)."""
     args = self._args(self.workers, self.opt, step, self.workers)
     self.workers, self.opt, loss, accuracy = self.program(*args)
-    return float(loss[0]), float(accuracy[0])
+    return float(loss[0]), float(accuracy[0]), self.incarnation
 
   def snapshot(self) -> None:
     """Keeps x_j and its optimizer state from before its exchange step."""
     self.before = (self.workers, self.opt)
 
   def request(self, steps_done: int):
-    """What a request carries to each server (one part a server), and True: a small
-    value the driver waits on to tell a lost worker from a lost server."""
+    """Its incarnation, and what a request carries to each server (one part a
+    server). The incarnation is a small value the driver waits on to tell a lost
+    worker from a lost server, and the servers check it (`ServerProcess.operate`)."""
     row = {"workers": self.workers, **{f: self.opt[f] for f in self.fields}}
     row["worker_steps"] = np.asarray([steps_done], np.int32)
     row = _numpy(row)
-    return (True, *(self.blocks.row_part(row, s) for s in range(self.blocks.servers)))
+    parts = (self.blocks.row_part(row, s) for s in range(self.blocks.servers))
+    return (self.incarnation, *parts)
 
   def answer(self, *parts) -> None:
     """Takes the servers' answer: the new x_j and request fields."""
@@ -231,25 +243,27 @@ class WorkerProcess:
     self.workers = row["workers"]
     self.opt = dict(self.opt, **{f: row[f] for f in self.fields})
 
-  def exchange_step(self, step: int) -> tuple[float, float]:
+  def exchange_step(self, step: int) -> tuple[float, float, str]:
     """The local step of an exchange step: at the snapshot, its update added to the
-    answer's x_j - e; the answer's request fields kept."""
+    answer's x_j - e; the answer's request fields kept. (loss, accuracy, incarnation)."""
     before, opt_before = self.before
     args = self._args(before, opt_before, step, self.workers)
     workers, opt, loss, accuracy = self.program(*args)
     self.workers, self.opt = workers, dict(opt, **{f: self.opt[f] for f in self.fields})
-    return float(loss[0]), float(accuracy[0])
+    return float(loss[0]), float(accuracy[0]), self.incarnation
 
-  def join(self, *center_parts) -> None:
+  def join(self, *center_parts) -> tuple[str]:
     """Restarts from the center (`easgd.rules.parameter_server`'s RESET): x_j <- x~,
-    fresh optimizer state."""
+    fresh optimizer state; (its incarnation,)."""
     center = self.blocks.join(list(center_parts))
     self.workers = self._put(jax.tree.map(lambda leaf: np.asarray(leaf)[None], center))
     self.opt = self._put(self.fresh_opt)
+    return (self.incarnation,)
 
   def row(self):
-    """(x_j, its optimizer state) as NumPy, for a checkpoint or an evaluation."""
-    return _numpy((self.workers, self.opt))
+    """(x_j, its optimizer state) as NumPy, for a checkpoint or an evaluation, and
+    its incarnation."""
+    return (*_numpy((self.workers, self.opt)), self.incarnation)
 
 
 class ServerProcess:
@@ -270,8 +284,12 @@ class ServerProcess:
   def where(self) -> tuple[int, str, str]:
     return where()
 
-  def operate(self, row, tick: int, position: int, kind: int):
-    """One master operation on its blocks; (the answered row, seconds it took)."""
+  def operate(self, row, tick: int, position: int, kind: int, sender: str, expected: str):
+    """One master operation on its blocks; (the answered row, seconds it took). A
+    request from another incarnation of the worker than `expected` (its process
+    restarted before it sent its row) is refused, changing nothing: (None, None)."""
+    if sender != expected:
+      return None, None
     started = time.perf_counter()
     numbers = (np.int32(tick), np.int32(position), np.int32(kind))
     center, center_opt, row = self.program(

@@ -179,9 +179,11 @@ class RayTrainee(ThreadsTrainee):
       first = str(error).strip().splitlines()[-1] if str(error).strip() else ""
       raise RuntimeError(f"the worker and server processes did not start: {first}") from None
     live = [j for j, actor in enumerate(actors) if actor is not None]
-    for j, (pid, host, node) in zip(live, places, strict=True):
+    incarnations = [None] * config.workers
+    for j, (pid, host, node, incarnation) in zip(live, places, strict=True):
       trace.process(j, pid, host)
       clock.events += 1
+      incarnations[j] = incarnation
       logging.info("worker %d runs in process %d on %s (Ray node %s)", j, pid, host, node)
     pool = ray_workers.RayWorkers(
       actors,
@@ -198,6 +200,7 @@ class RayTrainee(ThreadsTrainee):
       *pacing,
     )
     pool.held = arguments
+    pool.incarnations = incarnations
     return pool
 
   def close(self):

@@ -15,6 +15,13 @@ One JSON object a line, each ending with its checksum, "sum" (below):
                        left for good (cluster.on_worker_loss); either way its
                        row restarts from the center: x_j <- x~, fresh
                        optimizer state;
+      "cut": true (on a "join" or "leave" alone, and left out otherwise): the
+      worker's process was lost with the run at a cut (its workers parked for a
+      log, an evaluation or a checkpoint), whose state needs the row the process
+      held. The reset is then the last operation of the cut's own tick, which it
+      ends: it discards the worker's local step of that tick, if it took one
+      (the process that held its result is gone), and the cut's state has the
+      worker restarted from the cut's center;
       "local": true when the worker's local step k comes with the event (a
       local step, or the request of an EASGD worker's exchange step, an
       exchange or a READ);
@@ -124,9 +131,13 @@ class Event:
   time: float = 0.0
   compute: float = 0.0
   service: float = 0.0
+  cut: bool = False  # a join or leave at a cut (the module's docstring)
 
   def record(self) -> dict:
-    return {"kind": "event", **dataclasses.asdict(self)}
+    fields = dataclasses.asdict(self)
+    if not self.cut:
+      del fields["cut"]  # written only where true
+    return {"kind": "event", **fields}
 
 
 # The suffix a line's checksum takes (the module docstring), and its sum's length.
@@ -267,6 +278,8 @@ _OF_TYPE = {
 }
 # Each field of an event line, and the check of its value's type.
 _EVENT_FIELDS = {field.name: _OF_TYPE[field.type] for field in dataclasses.fields(Event)}
+# The fields an event line may leave out: each holds only its true value.
+_OPTIONAL_FIELDS = {"cut"}
 
 
 def _header_fault(line: str | None) -> str | None:
@@ -400,14 +413,18 @@ def read(path: str) -> Trace:
     fields = {key: value for key, value in record.items() if key != "kind"}
     wrong = sorted(
       key
-      for key in fields.keys() | _EVENT_FIELDS.keys()
-      if key not in fields or key not in _EVENT_FIELDS or not _EVENT_FIELDS[key](fields[key])
+      for key in fields.keys() | (_EVENT_FIELDS.keys() - _OPTIONAL_FIELDS)
+      if key not in fields
+      or key not in _EVENT_FIELDS
+      or not _EVENT_FIELDS[key](fields[key])
+      or (key in _OPTIONAL_FIELDS and fields[key] is not True)
     )
     if (
       record.get("kind") != "event"
       or wrong
       or fields["op"] not in OPS
       or not 0 <= fields["worker"] < workers
+      or (fields.get("cut") and fields["op"] not in ("join", "leave"))
     ):
       raise ConfigError(
         f"{name} is malformed at line {number}: not an event of one of its {workers} "
@@ -479,14 +496,21 @@ def pack(events: list[Event], num_workers: int, unvalued: list[tuple[int, int]] 
   marks = []  # (tick, worker) of each unvalued step
   for number, event in enumerate(events):
     op = OPS[event.op]
-    tick = packer.emit(
-      event.time,
-      event.worker,
-      event.local,
-      op,
-      event.staleness,
-      event.wait,
-    )
+    try:
+      tick = packer.emit(
+        event.time,
+        event.worker,
+        event.local,
+        op,
+        event.staleness,
+        event.wait,
+        at_cut=event.tick if event.cut else None,
+      )
+    except ValueError as error:
+      raise ConfigError(
+        f"the trace's event {number} (worker {event.worker}) cannot be packed: {error}: "
+        "the trace is inconsistent"
+      ) from None
     if tick != event.tick:
       raise ConfigError(
         f"the trace's event {number} (worker {event.worker}) packs into tick {tick}, "

@@ -243,8 +243,10 @@ class Workers:
     return loss, accuracy
 
   def _now(self) -> float:
-    """Seconds of training: the time parked at cuts is left out."""
-    return self._time_at_start + time.perf_counter() - self._started - self._paused
+    """Seconds of training: the time parked at cuts is left out (during a cut: the
+    time it began)."""
+    now = time.perf_counter() if self._paused_at is None else self._paused_at
+    return self._time_at_start + now - self._started - self._paused
 
   def _commit_local(self, j: int, op: str | None, expected: int | None, **record):
     """Records worker j's local step, with its request for `op` (which fell in

@@ -23,6 +23,7 @@ from runs import (
   assert_same_scalars,
   config_with,
   logged_scalars,
+  steps_saved,
 )
 
 ray = pytest.importorskip("ray")
@@ -133,45 +134,116 @@ def _killing(monkeypatch, worker: int, at_step: int):
   return killed
 
 
+# Cuts of each kind at their own steps: a log at 4, an evaluation at 6, a
+# checkpoint at 10 (then 12, 20, 24, 30 for two or three at once).
+CUTS = {
+  "run.total_steps": 30,
+  "run.log_every": 4,
+  "run.eval_every": 6,
+  "run.checkpoint_every": 10,
+}
+
+
+def _killing_at_cuts(monkeypatch, kills: dict[int, int], restarted_first=()):
+  """Kills worker processes (SIGKILL) with the run at a cut: kills[s] = j, worker j's
+  process, as the run fetches the cut of step s. For a step in `restarted_first`,
+  the fetch waits until Ray has started the process again (holding its
+  constructor's row), so that the cut's call reaches a live process of another
+  incarnation. Returns the (step, pid) killed."""
+  fetch = ray_workers.RayWorkers.fetch_cut
+  killed = []
+
+  def kill_then_fetch(self):
+    step = self.limit + 1
+    if step in kills and step not in dict(killed):
+      actor = self.actors[kills[step]]
+      pid, *_ = ray.get(actor.where.remote())
+      os.kill(pid, signal.SIGKILL)
+      killed.append((step, pid))
+      while step in restarted_first:
+        try:
+          if ray.get(actor.where.remote())[0] != pid:
+            break  # its new process answers
+        except ray.exceptions.RayActorError:
+          pass  # not yet restarted
+    return fetch(self)
+
+  monkeypatch.setattr(ray_workers.RayWorkers, "fetch_cut", kill_then_fetch)
+  return killed
+
+
+def _replays_to_its_bits(config, real, replay):
+  _replay(config, real, replay)
+  for step in steps_saved(real):
+    assert_same_bits(real, replay, step)
+  assert_same_scalars(real, replay)
+
+
 @pytest.mark.e2e
-def test_a_killed_worker_process_leaves_under_continue_and_the_run_replays(
+def test_workers_killed_at_a_log_an_evaluation_and_a_checkpoint_cut_rejoin_there(
   tmp_path, embedded_ray, monkeypatch
 ):
-  """Hogwild's READ and WRITE on the servers, a straggler, and worker 1's process
-  killed at its local step 9: it leaves (a "leave" event, its row the center as it
-  left), the other goes on, and the trace replays to the same bits. (A killed
-  worker that rejoins: test_ray_cluster.py, through train.py.)"""
+  """Each cut needs every worker's row: one lost there joins as the last operation of
+  the cut's own tick, from the cut's center, and the cut's log, evaluation or
+  checkpoint holds it so. At the evaluation cut, Ray has restarted the process
+  before the run asks it for its row: its answer, from its constructor's row,
+  is not taken for the row of the process that died."""
+  config = _config(
+    "async_measgd",
+    **{"runtime": "ray", "optimizer.momentum": 0.9, "cluster.on_worker_loss": "rejoin", **CUTS},
+  )
+  killed = _killing_at_cuts(monkeypatch, {4: 1, 6: 0, 10: 1}, restarted_first=(6,))
+  real, replay = tmp_path / "real", tmp_path / "replay"
+  result = trainer.train_and_evaluate(config, str(real))
+  assert [step for step, _ in killed] == [4, 6, 10]
+  assert np.isfinite(result.metrics["eval/center_accuracy"])
+  recorded = trace.read(str(real / trace.FILE))
+  joins = [(e.worker, e.tick) for e in recorded.events if e.op == "join"]
+  assert joins == [(1, 3), (0, 5), (1, 9)]
+  assert all(e.cut for e in recorded.events if e.op == "join")
+  # Both went on stepping after their last join.
+  assert {e.worker for e in recorded.events if e.op != "join" and e.tick > 9} == {0, 1}
+  monkeypatch.undo()
+  _replays_to_its_bits(config, real, replay)
+
+
+@pytest.mark.e2e
+def test_workers_killed_at_cuts_or_mid_step_leave_under_continue_and_the_run_replays(
+  tmp_path, embedded_ray, monkeypatch
+):
+  """Hogwild's READ and WRITE on the servers, a straggler, 4 workers: worker 1's
+  process killed at the log cut, 2's at the evaluation cut, 3's at the checkpoint
+  cut (each leaves as the last operation of the cut's tick), and 0 goes on alone.
+  The trace replays to the same bits. (Killed at its local step: the
+  stop test below, and test_ray_cluster.py's rejoin through train.py.)"""
   config = _config(
     "hogwild_easgd",
+    workers=4,
     **{
       "runtime": "ray",
       "ray.servers": 2,
       "cluster.stragglers": (1,),
       "cluster.straggler_slowdown": 3.0,
       "cluster.on_worker_loss": "continue",
-      "run.total_steps": 36,
+      **CUTS,
     },
   )
-  killed = _killing(monkeypatch, worker=1, at_step=9)
+  killed = _killing_at_cuts(monkeypatch, {4: 1, 6: 2, 10: 3})
   real, replay = tmp_path / "real", tmp_path / "replay"
   result = trainer.train_and_evaluate(config, str(real))
-  assert killed and np.isfinite(result.metrics["eval/center_accuracy"])
+  assert [step for step, _ in killed] == [4, 6, 10]
+  assert np.isfinite(result.metrics["eval/center_accuracy"])
   recorded = trace.read(str(real / trace.FILE))
   assert {"read", "write"} <= {e.op for e in recorded.events}
-  ops = [e.op for e in recorded.events if e.worker == 1]
-  worker_1 = [p["pid"] for p in recorded.processes if p["worker"] == 1]
-  assert ops[-1] == "leave" and worker_1 == killed
+  leaves = [(e.worker, e.tick, e.cut) for e in recorded.events if e.op == "leave"]
+  assert leaves == [(1, 3, True), (2, 5, True), (3, 9, True)]
+  assert {e.worker for e in recorded.events if e.tick > 9} == {0}
   monkeypatch.undo()
-  _replay(config, real, replay)
-  for step in (12, 24, 36):
-    assert_same_bits(real, replay, step)
-  assert_same_scalars(real, replay)
-  live = [(step, count) for step, count in logged_scalars(real)["cluster/live_workers"]]
+  _replays_to_its_bits(config, real, replay)
   # The log of step s follows ticks 0 .. s - 1: a worker that left at tick T is
-  # gone from it when T < s. (When the run sees the death, before the cut of step
-  # 12 or at it, depends on the machine's timing; the count follows the trace.)
-  (left,) = [e.tick for e in recorded.events if e.op == "leave"]
-  assert live == [(step, 2 - (left < step)) for step in (12, 24, 36)]
+  # gone from it when T < s.
+  live = logged_scalars(real)["cluster/live_workers"]
+  assert live == [(step, 4 - sum(tick < step for _, tick, _ in leaves)) for step, _ in live]
   assert live[-1][1] == 1
 
 
@@ -202,6 +274,34 @@ def test_a_killed_worker_under_stop_and_a_killed_server_stop_the_run_in_one_line
   with pytest.raises(WorkerFailed, match=r"^server 0's process died") as error:
     trainer.train_and_evaluate(config, str(tmp_path / "server"))
   assert "\n" not in str(error.value) and time.monotonic() - started < 120
+  monkeypatch.undo()
+
+  # At a cut: worker 1 at the evaluation cut, then, in another run, server 1 at
+  # the checkpoint cut. Each stops the run in one line, the checkpoint before it kept.
+  config = _config(
+    "async_easgd",
+    **{"runtime": "ray", "ray.servers": 2, "cluster.on_worker_loss": "stop", **CUTS},
+  )
+  _killing_at_cuts(monkeypatch, {6: 1})
+  with pytest.raises(
+    WorkerFailed, match=r"^worker 1's process died at the cut of step 6 "
+  ) as error:
+    trainer.train_and_evaluate(config, str(tmp_path / "worker_at_cut"))
+  assert "\n" not in str(error.value)
+  monkeypatch.undo()
+  fetch = ray_workers.RayWorkers.fetch_cut
+
+  def kill_server_then_fetch(self):
+    if self.limit + 1 == 20:
+      pid, *_ = ray.get(self.servers[1].where.remote())
+      os.kill(pid, signal.SIGKILL)
+    return fetch(self)
+
+  monkeypatch.setattr(ray_workers.RayWorkers, "fetch_cut", kill_server_then_fetch)
+  with pytest.raises(WorkerFailed, match=r"^server 1's process died") as error:
+    trainer.train_and_evaluate(config, str(tmp_path / "server_at_cut"))
+  assert "\n" not in str(error.value)
+  assert steps_saved(tmp_path / "server_at_cut") == [10]
 
 
 def _refused(config, pattern):

@@ -272,3 +272,37 @@ def test_a_step_that_gave_no_values_is_marked_in_its_tick_and_checked(tmp_path):
   twice = _chained([*bodies[:6], bodies[5], *bodies[6:-1], bodies[-1].replace("7", "8", 1)])
   (tmp_path / "twice.jsonl").write_text("".join(twice))
   _refused(tmp_path / "twice.jsonl", "line 7: an unvalued step given twice")
+
+
+def test_a_reset_at_a_cut_packs_into_the_cuts_tick_and_only_a_reset_may_say_so(tmp_path):
+  """runtime=ray's join or leave of a process lost at a cut ("cut": true) is the last
+  operation of the cut's own tick, after the worker's own step there; any other
+  join or leave goes to the tick after the worker's last event."""
+  cut = trace.Event(1, 2, "join", False, 1, read=2, time=0.28, cut=True)
+  lines = _write(tmp_path, [*EVENTS[:4], cut, EVENTS[4]], ticks=3)
+  assert '"cut": true' in lines[5] and all('"cut"' not in line for line in lines[:5])
+  recorded = trace.read(str(tmp_path / trace.FILE))
+  ticks = trace.pack(recorded.events, 2, recorded.unvalued)
+  # Tick 1: both workers' exchanges, then worker 1's reset.
+  assert [(int(op), worker) for op, worker in ticks[1].ops] == [
+    (int(trace.OPS["exchange"]), 0),
+    (int(trace.OPS["exchange"]), 1),
+    (int(trace.OPS["join"]), 1),
+  ]
+  # Not at a cut, the same join falls in the tick after worker 1's exchange.
+  plain = trace.Event(1, 2, "join", False, 1, read=2, time=0.28)
+  with pytest.raises(ConfigError, match="packs into tick 2, it was recorded in tick 1"):
+    trace.pack([*EVENTS[:4], plain], 2)
+  # A reset at a cut before the worker's own last event cannot be packed.
+  early = trace.Event(1, 2, "join", False, 0, read=2, time=0.28, cut=True)
+  with pytest.raises(ConfigError, match=r"event 4 \(worker 1\) cannot be packed: .* before"):
+    trace.pack([*EVENTS[:4], early], 2)
+  bodies = _bodies(lines)
+  for name, body, pattern in [
+    ("false", bodies[5].replace('"cut": true', '"cut": false'), r"type: cut\)"),
+    ("number", bodies[5].replace('"cut": true', '"cut": 1'), r"type: cut\)"),
+    ("local", bodies[5].replace('"op": "join"', '"op": "local"'), "not an event"),
+  ]:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(_chained([*bodies[:5], body, *bodies[6:]])))
+    _refused(path, f"line 6: .*{pattern}")
