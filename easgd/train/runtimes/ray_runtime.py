@@ -51,6 +51,42 @@ def check_address(config: ml_collections.ConfigDict) -> str:
   return address
 
 
+def local_gpus() -> int:
+  """The GPUs a Ray started on this machine would have: those Ray's NVIDIA manager
+  finds, within CUDA_VISIBLE_DEVICES. (Ray's own detection, which has no public
+  form before a Ray starts.)"""
+  from ray._private import accelerators  # noqa: PLC0415 (module docstring)
+
+  manager = accelerators.get_accelerator_manager_for_resource("GPU")
+  count = manager.get_current_node_num_accelerators()
+  visible = manager.get_current_process_visible_accelerator_ids()
+  return count if visible is None else min(count, len(visible))
+
+
+def check_gpus(config: ml_collections.ConfigDict) -> None:
+  """ConfigError (one line) unless the workers' GPUs (workers x ray.worker_gpus) are
+  within what the cluster has: a cluster the address names is joined now, and the
+  run keeps the connection; for a Ray the run starts, this machine's GPUs (nothing
+  is started here). An address that cannot be reached or joined is refused too."""
+  address = check_address(config)
+  wanted = config.workers * config.ray.worker_gpus
+  if address:
+    import ray  # noqa: PLC0415 (module docstring)
+
+    connect(config)
+    have, where = ray.cluster_resources().get("GPU", 0.0), "the Ray cluster has"
+  elif wanted:
+    have, where = local_gpus(), "this machine, whose Ray the run starts, has"
+  else:
+    return
+  require(
+    wanted <= have,
+    "ray.worker_gpus",
+    config.ray.worker_gpus,
+    f"{config.workers} workers would take {wanted:g} GPUs; {where} {have:g}",
+  )
+
+
 # The CPU share each worker and server process asks Ray for: a token, so that a
 # node of one CPU holds a hundred, and Ray's SPREAD alternates them over the nodes.
 ACTOR_CPUS = 0.01
@@ -276,10 +312,12 @@ class RayRuntime(ThreadsRuntime):
 
   @classmethod
   def check_model(cls, config: ml_collections.ConfigDict, shapes) -> None:
-    """The servers split the center by parameter blocks: at most one a block. Traced
-    from the shapes alone, before the run writes anything."""
+    """What the run asks of the model and the cluster, before it writes anything: the
+    servers split the center by parameter blocks, at most one a block (traced from
+    the shapes alone), and the workers' GPUs are within what the cluster has."""
     tree = shapes()
     super().check_model(config, lambda: tree)
+    check_gpus(config)
     rule = make_rule(config.algorithm, Hyper.from_config(config))
     key = jax.ShapeDtypeStruct((2,), np.uint32)
     blocks = len(jax.tree.leaves(jax.eval_shape(rule.init, tree, key).center))
@@ -312,14 +350,6 @@ class RayRuntime(ThreadsRuntime):
     config = self.setup.config
     started = connect(config)
     try:
-      wanted = config.workers * config.ray.worker_gpus
-      have = ray.cluster_resources().get("GPU", 0.0)
-      require(
-        wanted <= have,
-        "ray.worker_gpus",
-        config.ray.worker_gpus,
-        f"{config.workers} workers would take {wanted:g} GPUs; the Ray cluster has {have:g}",
-      )
       return RayTrainee(
         self.setup,
         self.rule,

@@ -333,17 +333,18 @@ def test_ray_is_refused_for_what_it_does_not_run():
   _refused(bad_policy, r"^config.cluster.on_worker_loss='retry' is invalid")
 
 
-@pytest.mark.e2e  # sets up a run (the data, the model) up to its first write
-def test_what_only_a_run_can_check_is_refused_before_anything_is_written(tmp_path):
-  for overrides, pattern in [
-    ({"ray.worker_gpus": 1.0}, r"^config.ray.worker_gpus=1.0 is invalid: 2 workers would take"),
-  ]:
-    workdir = tmp_path / str(len(list(tmp_path.iterdir())))
-    config = _config("async_easgd", runtime="ray", **overrides)
-    with pytest.raises(ConfigError, match=pattern) as error:
-      trainer.train_and_evaluate(config, str(workdir))
-    assert "\n" not in str(error.value)
-    assert not [path for path in workdir.rglob("*") if path.is_file()]  # nothing written
+def test_more_gpus_than_the_machine_has_are_refused_before_a_run_starts(monkeypatch):
+  """With an empty ray.address the run starts a Ray on this machine: its GPUs, as
+  Ray would find them, are checked with the other checks, starting nothing."""
+  monkeypatch.setattr(ray_runtime, "local_gpus", lambda: 2)
+  trainer.check(_config("async_easgd", runtime="ray", **{"ray.worker_gpus": 1.0}))
+  trainer.check(_config("async_easgd", workers=4, runtime="ray", **{"ray.worker_gpus": 0.5}))
+  _refused(
+    _config("async_easgd", workers=4, runtime="ray", **{"ray.worker_gpus": 1.0}),
+    r"^config.ray.worker_gpus=1.0 is invalid: 4 workers would take 4 GPUs; this machine, "
+    r"whose Ray the run starts, has 2",
+  )
+  assert not ray.is_initialized()
 
 
 def test_the_processes_environments_match_the_replay_and_share_a_gpu():
