@@ -10,7 +10,6 @@ interleaved rounds (the machine is shared and noisy); each line gives the
 median round's images/s and the ordered sum's ratio to the all-reduce's.
 """
 
-import argparse
 import statistics
 
 import jax
@@ -22,6 +21,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from throughput import timed  # noqa: E402 (bench/throughput.py, beside this script)
 
 from easgd import models, rules, steps  # noqa: E402
+from easgd.arguments import ArgumentParser, integer  # noqa: E402
 from easgd.data import datasets  # noqa: E402
 from easgd.infra import sharding  # noqa: E402
 from easgd.infra.compile import compile_program  # noqa: E402
@@ -32,12 +32,14 @@ VARIANTS = [("sync_easgd", 1), ("sync_easgd", 4), ("sync_sgd", 0)]
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workers", type=int, default=8)
-  parser.add_argument("--batch_size", type=int, default=32)
-  parser.add_argument("--steps", type=int, default=100)
-  parser.add_argument("--rounds", type=int, default=3)
+  parser = ArgumentParser(prog="bench/deterministic_sums.py", description=__doc__.splitlines()[0])
+  parser.add_argument("--workers", type=integer(1), default=8)
+  parser.add_argument("--batch_size", type=integer(1), default=32)
+  parser.add_argument("--steps", type=integer(1), default=100)
+  parser.add_argument("--rounds", type=integer(1), default=3)
   args = parser.parse_args()
+  if args.workers % 8:  # the 8 virtual devices, each with as many workers
+    parser.error(f"--workers={args.workers} is invalid: must be a multiple of 8 (the devices)")
 
   dataset = datasets.load_dataset("mnist5k")
   model = models.get_model("lenet5", dataset.num_classes)

@@ -23,7 +23,6 @@ buffer once from every device; a ring all-reduce of B bytes sends
 2(D-1)/D * B from every device.
 """
 
-import argparse
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from easgd import models, rules, steps  # noqa: E402
+from easgd.arguments import ArgumentParser, integer  # noqa: E402
 from easgd.data import datasets  # noqa: E402
 from easgd.infra import hlo, sharding  # noqa: E402
 from easgd.infra.compile import compile_program  # noqa: E402
@@ -80,12 +80,12 @@ def rate(run, rounds: int) -> float:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--models", type=int, default=8)
-  parser.add_argument("--devices", type=int, default=8)
-  parser.add_argument("--batch_size", type=int, default=32)
-  parser.add_argument("--stage_steps", type=int, default=25)
-  parser.add_argument("--rounds", type=int, default=3)
+  parser = ArgumentParser(prog="bench/pipeline.py", description=__doc__.splitlines()[0])
+  parser.add_argument("--models", type=integer(1), default=8)
+  parser.add_argument("--devices", type=integer(1), default=8)
+  parser.add_argument("--batch_size", type=integer(1), default=32)
+  parser.add_argument("--stage_steps", type=integer(1), default=25)
+  parser.add_argument("--rounds", type=integer(1), default=3)
   args = parser.parse_args()
   num_models, num_devices, batch = args.models, args.devices, args.batch_size
   if num_models % num_devices or batch % num_devices:

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from easgd import models, plan, steps
+from easgd.arguments import ArgumentParser, integer
 from easgd.configs import default
 from easgd.infra import sharding
 from easgd.rules import model_state
@@ -115,10 +116,10 @@ def matmul_flops() -> float:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = ArgumentParser(prog="bench/plan_check.py", description=__doc__.splitlines()[0])
   parser.add_argument("--batches", default="256,1024,2048")
   parser.add_argument("--models", default="lenet5,mlp")
-  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--steps", type=integer(1), default=10)
   parser.add_argument("--measure", nargs=2, metavar=("MODEL", "BATCH"), help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.measure:

@@ -19,13 +19,13 @@ measured seconds a local step of a worker (P over the run's local steps a
 second) and the error, (predicted - measured)/measured.
 """
 
-import argparse
 import os
 import tempfile
 import time
 
 import numpy as np
 
+from easgd.arguments import ArgumentParser, integer
 from easgd.configs import default
 from easgd.infra import sharding
 from easgd.sim import sizing, timing
@@ -82,12 +82,12 @@ def predicted(workers: int, tau: int, servers: int, compute: float, service: flo
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = ArgumentParser(prog="bench/plan_servers.py", description=__doc__.splitlines()[0])
   parser.add_argument("--model", default="lenet5")
-  parser.add_argument("--workers", type=int, default=2)
-  parser.add_argument("--tau", type=int, default=4)
-  parser.add_argument("--steps", type=int, default=80)
-  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--workers", type=integer(1), default=2)
+  parser.add_argument("--tau", type=integer(1), default=4)
+  parser.add_argument("--steps", type=integer(1), default=80)
+  parser.add_argument("--repeats", type=integer(1), default=2)
   args = parser.parse_args()
   sharding.configure_cpu_devices(args.workers)
   import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)

@@ -20,7 +20,6 @@ runtime=ray does on a GPU.
 Goal: ResNet-20 at tau = 4 under ray at >= 0.8x of threads (bench/README.md has the figures).
 """
 
-import argparse
 import json
 import os
 import tempfile
@@ -28,6 +27,7 @@ import time
 
 import numpy as np
 
+from easgd.arguments import ArgumentParser, integer
 from easgd.configs import default
 from easgd.infra import platform, sharding
 from easgd.train import trainer
@@ -74,12 +74,12 @@ def _run(config) -> tuple[float, list, float]:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = ArgumentParser(prog="bench/ray_vs_threads.py", description=__doc__.splitlines()[0])
   parser.add_argument("--models", default="lenet5,resnet20")
   parser.add_argument("--taus", default="1,4")
-  parser.add_argument("--steps", type=int, default=60)
-  parser.add_argument("--workers", type=int, default=2)
-  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--steps", type=integer(1), default=60)
+  parser.add_argument("--workers", type=integer(1), default=2)
+  parser.add_argument("--repeats", type=integer(1), default=2)
   args = parser.parse_args()
   # What train.py sets before JAX starts, for the backend in use.
   settings = RayRuntime.environment(_config("lenet5", 1, "ray", 1, args.workers), BACKEND)

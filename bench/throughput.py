@@ -93,6 +93,8 @@ def main():
   parser.add_argument("--steps", type=integer(1), default=100)
   parser.add_argument("--rounds", type=integer(1), default=3)
   args = parser.parse_args()
+  if args.workers % 8:  # the 8 virtual devices, each with as many workers
+    parser.error(f"--workers={args.workers} is invalid: must be a multiple of 8 (the devices)")
 
   dataset = datasets.load_dataset("mnist5k")
   model = models.get_model("lenet5", dataset.num_classes)
