@@ -3,7 +3,6 @@ of one never stopped."""
 
 import json
 import os
-import re
 import signal
 import time
 
@@ -45,10 +44,9 @@ def kill_right_after_checkpoint(workdir, step: int) -> None:
   assert process.wait(timeout=30) == -signal.SIGKILL
 
 
-def kill_after_a_logged_step(workdir, step: int) -> None:
-  """Starts the run and SIGKILLs it once step `step` (past a checkpoint) has been
-  logged and written: the resumed run logs that step again."""
-  process = train(workdir, *FLAGS)
+def kill_after_a_logged_step(process, step: int) -> None:
+  """SIGKILLs the run `process` once step `step` (past a checkpoint) has been logged
+  and written: the resumed run logs that step again."""
   process.wait_for(rf"step {step}/", 120)
   time.sleep(0.2)  # the loop writes the step's events right after its log line
   process.popen.send_signal(signal.SIGKILL)
@@ -64,27 +62,41 @@ def uninterrupted(tmp_path_factory):
   return history(workdir), final, (workdir / CLOCK).read_text()
 
 
-@pytest.mark.parametrize(
-  "kill,killed_after",
-  [
-    (kill_right_after_checkpoint, 20),
-    (kill_after_a_logged_step, 25),
-  ],
-)
-def test_history_is_whole_after_a_kill(tmp_path, uninterrupted, kill, killed_after):
-  uninterrupted, final, clock = uninterrupted
-  kill(tmp_path, killed_after)
-  # Nothing of a step up to the last checkpoint was lost by the kill.
-  before = history(tmp_path)
+def _assert_kept_up_to_the_checkpoint(workdir, uninterrupted, killed_after: int) -> None:
+  """Nothing of a step up to the last checkpoint before `killed_after` was lost."""
+  before = history(workdir)
   checkpoint = killed_after - killed_after % 10
   for tag, points in uninterrupted.items():
     kept = [point for point in points if point[0] <= checkpoint]
     assert before[tag][: len(kept)] == kept, tag
-  resumed = train(tmp_path, *FLAGS)
-  assert resumed.wait(timeout=300) == 0, resumed.tail()
-  # Resumed from the checkpoint the kill left, with steps still to train.
-  resumed_from = int(re.search(r"resumed from the checkpoint of step (\d+)", resumed.output())[1])
-  assert checkpoint <= resumed_from < 40
+
+
+def _resume(workdir, killed_after: int, kill=None) -> None:
+  """The same command again: it resumes from the checkpoint the kill left, with steps
+  still to train (and is killed in turn by `kill`, if given)."""
+  resumed = train(workdir, *FLAGS)
+  checkpoint = killed_after - killed_after % 10
+  line = resumed.wait_for(r"resumed from the checkpoint of step (\d+)", 120)
+  assert checkpoint <= int(line.group(1)) < 40
+  if kill is not None:
+    kill(resumed)
+  else:
+    assert resumed.wait(timeout=300) == 0, resumed.tail()
+
+
+def test_history_is_whole_after_a_kill_at_a_checkpoint_then_one_after_a_logged_step(
+  tmp_path, uninterrupted
+):
+  """SIGKILL the moment checkpoint 20 is visible (the resumed run trains on from it),
+  then, in the resumed run, after step 25 was logged and written past checkpoint
+  20 (the next resumed run logs that step again): every step once, with the same
+  value, and the state and clock of the run never stopped."""
+  uninterrupted, final, clock = uninterrupted
+  kill_right_after_checkpoint(tmp_path, 20)
+  _assert_kept_up_to_the_checkpoint(tmp_path, uninterrupted, 20)
+  _resume(tmp_path, 20, kill=lambda process: kill_after_a_logged_step(process, 25))
+  _assert_kept_up_to_the_checkpoint(tmp_path, uninterrupted, 25)
+  _resume(tmp_path, 25)
   after = history(tmp_path)
   assert set(after) == set(uninterrupted)
   for tag, points in uninterrupted.items():

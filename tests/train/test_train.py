@@ -245,19 +245,11 @@ def test_workdir_of_another_configuration_is_refused_untouched(resumed_runs):
 
 
 @pytest.mark.e2e
-def test_without_a_workdir_each_algorithm_gets_its_own(tmp_path):
+def test_without_a_workdir_each_algorithm_gets_its_own(tmp_path, starter):
   """runs/<algorithm> under the current directory: another rule starts afresh."""
   train = os.path.join(REPO, "train.py")
   for algorithm in ("sync_easgd", "local_sgd"):
     overrides = {"run.total_steps": 2, "run.checkpoint_every": 0, "outer.moving_rate": 0.0}
-    flags = small_flags(overrides, algorithm=algorithm)
-    result = subprocess.run(
-      [sys.executable, train, *flags],
-      check=False,
-      cwd=tmp_path,
-      capture_output=True,
-      text=True,
-      timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    code, _, stderr = starter.run([train, *small_flags(overrides, algorithm=algorithm)], tmp_path)
+    assert code == 0, stderr[-2000:]
   assert sorted(os.listdir(tmp_path / "runs")) == ["local_sgd", "sync_easgd"]
