@@ -353,18 +353,21 @@ class ParameterServerRule(Rule):
       workers,
       worker_opt,
     )
-    if self.resets:
-      restarted = self._restarted(tick, first, count)
-      if deferred is not None:
-        # A worker reset at a cut, in the tick of its local step (runtime=ray:
-        # easgd.sim.events): the step is discarded with the process that held it.
+    if deferred is not None:
+      if self.resets:
+        # A worker restarted in the tick keeps the center the RESET gave it, as the
+        # run's process holds it (runtime=ray's reset at a cut shares the tick of the
+        # worker's last step, whose process held it; easgd.sim.events): its step's
+        # deferred update is zeroed. Zeroed, not selected past: the addition stays
+        # the one the workers' own programs make, which a select beside it compiled
+        # to other roundings.
+        restarted = self._restarted(tick, first, count)
         deferred = jax.tree.map(
           lambda leaf: _where_rows(restarted, jnp.zeros_like(leaf), leaf), deferred
         )
-    if deferred is not None:
       workers = self.apply_deferred(workers, deferred)
     if self.resets:
-      inner = self._reset_inner(restarted, workers, worker_opt["inner"])
+      inner = self._reset_inner(self._restarted(tick, first, count), workers, worker_opt["inner"])
       worker_opt = dict(worker_opt, inner=inner)
     # Each worker's loss and accuracy, and whether it stepped, where the worker is
     # (`metrics_spec`): the reports average them over the local steps taken

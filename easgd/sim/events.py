@@ -31,6 +31,7 @@ class TickPacker:
     self._released = 0  # index of self._open[0]
     self._last_tick = [-1] * num_workers  # tick of each worker's latest event
     self._last_op_tick = 0
+    self._cut_closed = -1  # the tick of the last reset at a cut: no later event falls in it
 
   def emit(
     self,
@@ -56,6 +57,10 @@ class TickPacker:
           f"the master's last event (tick {earliest})"
         )
       index = at_cut
+    if index < self._cut_closed or (at_cut is None and index == self._cut_closed):
+      raise ValueError(f"worker {worker}'s event falls in tick {index}, closed by a cut")
+    if at_cut is not None:
+      self._cut_closed = at_cut
     if index < self._released:
       raise ValueError(f"worker {worker}'s event falls in tick {index}, already released")
     if op is not None:

@@ -34,7 +34,7 @@ REFUSALS = [
   ("throughput.py", ("--workers", "2"), "--workers=2 is invalid: must be a multiple of 8"),
   ("deterministic_sums.py", ("--workers", "12"), "--workers=12 is invalid: must be a multiple"),
   ("pipeline.py", ("--stage_steps", "0"), "0 is invalid: must be an integer >= 1"),
-  ("plan_servers.py", ("--tau", "-1"), "-1 is invalid: must be an integer >= 1"),
+  ("plan_servers.py", ("--tau", "1"), "1 is invalid: must be an integer >= 2"),
   ("ray_vs_threads.py", ("--repeats", "0"), "0 is invalid: must be an integer >= 1"),
   ("plan_check.py", ("--steps", "x"), "argument --steps: 'x' is not an integer"),
   ("sweep_parallel.py", ("--parallel", "0"), "0 is invalid: must be an integer >= 1"),

@@ -20,7 +20,8 @@ blocks of the worker's row; the worker puts the answers' blocks together.
 
 Incarnations: a worker's process makes a token when it starts (Ray starts it
 again after a loss under cluster.on_worker_loss=rejoin, from its constructor's
-arguments: the run's first row). Every answer carries it, and the servers
+arguments: the row the run started or resumed with). Every answer carries it,
+and the servers
 refuse a request whose sender is not the incarnation the driver expects, so
 that nothing a restarted process computed from its constructor's row is taken
 for the row of the process that died (easgd.train.runtimes.ray_workers).

@@ -65,14 +65,16 @@ def local_gpus() -> int:
 
 def check_gpus(config: ml_collections.ConfigDict) -> None:
   """ConfigError (one line) unless the workers' GPUs (workers x ray.worker_gpus) are
-  within what the cluster has: a cluster the address names is joined now, and the
-  run keeps the connection; for a Ray the run starts, this machine's GPUs (nothing
-  is started here). An address that cannot be reached or joined is refused too."""
+  within what the cluster has: a cluster the address names is joined now (the run
+  keeps the connection: nothing is written or started there), a Ray this process
+  has is asked; for a Ray the run would start, this machine's GPUs as Ray finds
+  them (nothing is started). An address that cannot be reached or joined is
+  refused too."""
+  import ray  # noqa: PLC0415 (module docstring)
+
   address = check_address(config)
   wanted = config.workers * config.ray.worker_gpus
-  if address:
-    import ray  # noqa: PLC0415 (module docstring)
-
+  if address or ray.is_initialized():
     connect(config)
     have, where = ray.cluster_resources().get("GPU", 0.0), "the Ray cluster has"
   elif wanted:
@@ -317,7 +319,6 @@ class RayRuntime(ThreadsRuntime):
     the shapes alone), and the workers' GPUs are within what the cluster has."""
     tree = shapes()
     super().check_model(config, lambda: tree)
-    check_gpus(config)
     rule = make_rule(config.algorithm, Hyper.from_config(config))
     key = jax.ShapeDtypeStruct((2,), np.uint32)
     blocks = len(jax.tree.leaves(jax.eval_shape(rule.init, tree, key).center))
@@ -328,6 +329,7 @@ class RayRuntime(ThreadsRuntime):
       f"the center is split by parameter blocks, and {config.model} has {blocks}: "
       f"at most {blocks} servers",
     )
+    check_gpus(config)
 
   @classmethod
   def environment(cls, config: ml_collections.ConfigDict, backend: str) -> dict[str, str]:
@@ -350,6 +352,9 @@ class RayRuntime(ThreadsRuntime):
     config = self.setup.config
     started = connect(config)
     try:
+      # Checked before the run wrote anything (check_model); again with the Ray the
+      # run has, which another run of this process may have started.
+      check_gpus(config)
       return RayTrainee(
         self.setup,
         self.rule,

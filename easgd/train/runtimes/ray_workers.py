@@ -9,10 +9,11 @@ arrays are: each worker's row lives in its own process
 (easgd.train.runtimes.ray_actors.WorkerProcess), on its own device, and the
 center in S server processes (ServerProcess), split by parameter blocks. A
 request's row goes from the worker's process to every server through Ray's
-object store, and the answers straight back: only small numbers pass
-through this process, as in Ray's own asynchronous parameter-server
-example. An operation is applied by every server before the next one starts
-(the master lock), so the trace is the order each server applied them in.
+object store, and the answers straight back: only small numbers (and, for a
+join, the center it starts from) pass through this process, as in Ray's own
+asynchronous parameter-server example. An operation is applied by every
+server before the next one starts (the master lock), so the trace is the
+order each server applied them in.
 
 At a cut (every worker parked) the rows and the center are fetched here, for
 a log, an evaluation or a checkpoint.
@@ -47,6 +48,7 @@ import numpy as np
 import ray
 from absl import logging
 
+from easgd import arguments
 from easgd.sim.ticks import OpKind
 from easgd.train.runtimes import trace as trace_lib
 from easgd.train.runtimes.workers import Workers, _Stop
@@ -57,6 +59,11 @@ RESTART_POLL = 0.2
 RESTART_TIMEOUT = 300.0
 
 LOSS_POLICIES = ("rejoin", "continue", "stop")
+
+
+# What a call to a worker's process raises when the process, or the node that held
+# its answer, is gone.
+WORKER_GONE = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
 
 
 class WorkerLost(Exception):
@@ -101,7 +108,7 @@ class RayWorkers(Workers):
     WorkerLost if the process died, or is not the incarnation the run knows."""
     try:
       *values, incarnation = ray.get(ref)
-    except ray.exceptions.RayActorError as error:
+    except WORKER_GONE as error:
       raise WorkerLost(j) from error
     if incarnation != self.incarnations[j]:
       raise WorkerLost(j)  # Ray restarted it since: its row is its constructor's
@@ -148,8 +155,10 @@ class RayWorkers(Workers):
       failed = error
       try:
         ray.get(sent)
-      except ray.exceptions.RayActorError as error:
+      except WORKER_GONE as error:
         raise WorkerLost(j) from error  # it died before it sent its row
+      if isinstance(failed, ray.exceptions.ObjectLostError):
+        raise WorkerLost(j) from failed  # its row's parts were lost with its node
       self._server_lost(failed)
     if any(second is None for second in seconds):
       raise WorkerLost(j)  # refused by every server: a restarted process sent it
@@ -170,7 +179,9 @@ class RayWorkers(Workers):
           "command resumes from the last checkpoint"
         )
         raise _Stop from None
-    raise RuntimeError(f"a call to the servers failed, with every server alive: {error}")
+    raise RuntimeError(
+      f"a call to the servers failed, with every server alive: {arguments.first_line(error)}"
+    )
 
   def fetch_cut(self) -> None:
     """Brings the rows of the live workers and the center here (every worker parked,

@@ -160,12 +160,14 @@ def _killing_at_cuts(monkeypatch, kills: dict[int, int], restarted_first=()):
       pid, *_ = ray.get(actor.where.remote())
       os.kill(pid, signal.SIGKILL)
       killed.append((step, pid))
-      while step in restarted_first:
+      for _ in range(600 if step in restarted_first else 0):  # a bound to fail, not a timing
         try:
-          if ray.get(actor.where.remote())[0] != pid:
+          if ray.get(actor.where.remote(), timeout=1)[0] != pid:
             break  # its new process answers
-        except ray.exceptions.RayActorError:
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
           pass  # not yet restarted
+      else:
+        assert step not in restarted_first, "Ray did not restart the process"
     return fetch(self)
 
   monkeypatch.setattr(ray_workers.RayWorkers, "fetch_cut", kill_then_fetch)
@@ -193,16 +195,32 @@ def test_workers_killed_at_a_log_an_evaluation_and_a_checkpoint_cut_rejoin_there
     **{"runtime": "ray", "optimizer.momentum": 0.9, "cluster.on_worker_loss": "rejoin", **CUTS},
   )
   killed = _killing_at_cuts(monkeypatch, {4: 1, 6: 0, 10: 1}, restarted_first=(6,))
+  # Later, worker 0's process killed as it computes an exchange step whose request
+  # was served in a cut's last tick: its join, after Ray restarts it, would fall
+  # past the cut, so the cut restarts it.
+  exchange_step = ray_workers.RayWorkers._exchange_local_step
+  late = []
+
+  def kill_then_exchange(self, j, step):
+    if j == 0 and not late and self.limit >= 12 and self._last(j) == self.limit:
+      pid, *_ = ray.get(self.actors[j].where.remote())
+      os.kill(pid, signal.SIGKILL)
+      late.append((self.limit, step))
+    return exchange_step(self, j, step)
+
+  monkeypatch.setattr(ray_workers.RayWorkers, "_exchange_local_step", kill_then_exchange)
   real, replay = tmp_path / "real", tmp_path / "replay"
   result = trainer.train_and_evaluate(config, str(real))
-  assert [step for step, _ in killed] == [4, 6, 10]
+  assert [step for step, _ in killed] == [4, 6, 10] and len(late) == 1
   assert np.isfinite(result.metrics["eval/center_accuracy"])
   recorded = trace.read(str(real / trace.FILE))
   joins = [(e.worker, e.tick) for e in recorded.events if e.op == "join"]
-  assert joins == [(1, 3), (0, 5), (1, 9)]
+  (tick, step), *_ = late
+  assert joins == [(1, 3), (0, 5), (1, 9), (0, tick)]
   assert all(e.cut for e in recorded.events if e.op == "join")
+  assert recorded.unvalued == [(0, step)]  # its step's values died with it
   # Both went on stepping after their last join.
-  assert {e.worker for e in recorded.events if e.op != "join" and e.tick > 9} == {0, 1}
+  assert {e.worker for e in recorded.events if e.op != "join" and e.tick > tick} == {0, 1}
   monkeypatch.undo()
   _replays_to_its_bits(config, real, replay)
 
@@ -211,39 +229,43 @@ def test_workers_killed_at_a_log_an_evaluation_and_a_checkpoint_cut_rejoin_there
 def test_workers_killed_at_cuts_or_mid_step_leave_under_continue_and_the_run_replays(
   tmp_path, embedded_ray, monkeypatch
 ):
-  """Hogwild's READ and WRITE on the servers, a straggler, 4 workers: worker 1's
-  process killed at the log cut, 2's at the evaluation cut, 3's at the checkpoint
-  cut (each leaves as the last operation of the cut's tick), and 0 goes on alone.
-  The trace replays to the same bits. (Killed at its local step: the
-  stop test below, and test_ray_cluster.py's rejoin through train.py.)"""
+  """Hogwild's READ and WRITE on the servers, a straggler, 5 workers: worker 4's
+  process killed at its local step 2 (it leaves, in its own tick or at the cut it
+  would fall past), 1's at the log cut, 2's at the evaluation cut, 3's at the
+  checkpoint cut (each leaves as the last operation of the cut's tick), and 0
+  goes on alone. The trace replays to the same bits."""
   config = _config(
     "hogwild_easgd",
-    workers=4,
+    workers=5,
     **{
       "runtime": "ray",
       "ray.servers": 2,
       "cluster.stragglers": (1,),
       "cluster.straggler_slowdown": 3.0,
       "cluster.on_worker_loss": "continue",
+      "outer.moving_rate": 0.1,  # beta = 5 x 0.1 < 1
       **CUTS,
     },
   )
+  mid_step = _killing(monkeypatch, worker=4, at_step=2)
   killed = _killing_at_cuts(monkeypatch, {4: 1, 6: 2, 10: 3})
   real, replay = tmp_path / "real", tmp_path / "replay"
   result = trainer.train_and_evaluate(config, str(real))
-  assert [step for step, _ in killed] == [4, 6, 10]
+  assert mid_step and [step for step, _ in killed] == [4, 6, 10]
   assert np.isfinite(result.metrics["eval/center_accuracy"])
   recorded = trace.read(str(real / trace.FILE))
   assert {"read", "write"} <= {e.op for e in recorded.events}
-  leaves = [(e.worker, e.tick, e.cut) for e in recorded.events if e.op == "leave"]
-  assert leaves == [(1, 3, True), (2, 5, True), (3, 9, True)]
+  leaves = {e.worker: (e.tick, e.cut) for e in recorded.events if e.op == "leave"}
+  assert sorted(leaves) == [1, 2, 3, 4]
+  assert [leaves[j] for j in (1, 2, 3)] == [(3, True), (5, True), (9, True)]
   assert {e.worker for e in recorded.events if e.tick > 9} == {0}
   monkeypatch.undo()
   _replays_to_its_bits(config, real, replay)
   # The log of step s follows ticks 0 .. s - 1: a worker that left at tick T is
   # gone from it when T < s.
   live = logged_scalars(real)["cluster/live_workers"]
-  assert live == [(step, 4 - sum(tick < step for _, tick, _ in leaves)) for step, _ in live]
+  ticks = [tick for tick, _ in leaves.values()]
+  assert live == [(step, 5 - sum(tick < step for tick in ticks)) for step, _ in live]
   assert live[-1][1] == 1
 
 
@@ -276,32 +298,35 @@ def test_a_killed_worker_under_stop_and_a_killed_server_stop_the_run_in_one_line
   assert "\n" not in str(error.value) and time.monotonic() - started < 120
   monkeypatch.undo()
 
-  # At a cut: worker 1 at the evaluation cut, then, in another run, server 1 at
-  # the checkpoint cut. Each stops the run in one line, the checkpoint before it kept.
+  # At a cut: worker 1, or server 1, killed as the run fetches the log cut of step
+  # 4, the evaluation cut of step 6, or the checkpoint cut of step 20 (a run each).
+  # Each stops the run in one line, the checkpoint before it kept.
   config = _config(
     "async_easgd",
     **{"runtime": "ray", "ray.servers": 2, "cluster.on_worker_loss": "stop", **CUTS},
   )
-  _killing_at_cuts(monkeypatch, {6: 1})
-  with pytest.raises(
-    WorkerFailed, match=r"^worker 1's process died at the cut of step 6 "
-  ) as error:
-    trainer.train_and_evaluate(config, str(tmp_path / "worker_at_cut"))
-  assert "\n" not in str(error.value)
-  monkeypatch.undo()
   fetch = ray_workers.RayWorkers.fetch_cut
+  for cut in (4, 6, 20):
+    _killing_at_cuts(monkeypatch, {cut: 1})
+    at_cut = rf"^worker 1's process died at the cut of step {cut} "
+    with pytest.raises(WorkerFailed, match=at_cut) as error:
+      trainer.train_and_evaluate(config, str(tmp_path / f"worker_at_{cut}"))
+    assert "\n" not in str(error.value)
+    assert steps_saved(tmp_path / f"worker_at_{cut}") == ([10] if cut == 20 else [])
+    monkeypatch.undo()
 
-  def kill_server_then_fetch(self):
-    if self.limit + 1 == 20:
-      pid, *_ = ray.get(self.servers[1].where.remote())
-      os.kill(pid, signal.SIGKILL)
-    return fetch(self)
+    def kill_server_then_fetch(self, cut=cut):
+      if self.limit + 1 == cut:
+        pid, *_ = ray.get(self.servers[1].where.remote())
+        os.kill(pid, signal.SIGKILL)
+      return fetch(self)
 
-  monkeypatch.setattr(ray_workers.RayWorkers, "fetch_cut", kill_server_then_fetch)
-  with pytest.raises(WorkerFailed, match=r"^server 1's process died") as error:
-    trainer.train_and_evaluate(config, str(tmp_path / "server_at_cut"))
-  assert "\n" not in str(error.value)
-  assert steps_saved(tmp_path / "server_at_cut") == [10]
+    monkeypatch.setattr(ray_workers.RayWorkers, "fetch_cut", kill_server_then_fetch)
+    with pytest.raises(WorkerFailed, match=r"^server 1's process died") as error:
+      trainer.train_and_evaluate(config, str(tmp_path / f"server_at_{cut}"))
+    assert "\n" not in str(error.value)
+    assert steps_saved(tmp_path / f"server_at_{cut}") == ([10] if cut == 20 else [])
+    monkeypatch.undo()
 
 
 def _refused(config, pattern):
