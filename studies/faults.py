@@ -57,41 +57,45 @@ def _corrupt(damage: str) -> Callable:
 
 
 DISTRIBUTED = "tests/infra/test_distributed.py::test_"
+HISTORY = (
+  "tests/infra/test_history.py::"
+  "test_history_is_whole_after_a_kill_at_a_checkpoint_then_one_after_a_logged_step"
+)
 FAULTS = [
   Fault(
     "SIGKILL to process 1 of 2",
     inject.LOCK_FREE,
     2,
     _kill(1),
-    DISTRIBUTED + "a_killed_process_stops_the_others_and_a_restart_resumes",
+    DISTRIBUTED + "preempted_then_killed_over_two_processes_each_time_the_same_command_resumes",
   ),
   Fault(
     "SIGKILL to process 0 of 2 (the coordinator)",
     inject.SYNC,
     2,
     _kill(0),
-    DISTRIBUTED + "a_killed_process_stops_the_others_and_a_restart_resumes",
+    DISTRIBUTED + "preempted_then_killed_over_two_processes_each_time_the_same_command_resumes",
   ),
   Fault(
     "SIGTERM to both processes",
     inject.SYNC,
     2,
     inject.preempt,
-    DISTRIBUTED + "sync_easgd_preempted_over_two_processes_resumes_to_one_process_result",
+    DISTRIBUTED + "preempted_then_killed_over_two_processes_each_time_the_same_command_resumes",
   ),
   Fault(
     "SIGKILL to the only process",
     inject.SYNC,
     1,
     _kill(0),
-    "tests/infra/test_history.py::test_history_is_whole_after_a_kill",
+    HISTORY,
   ),
   Fault(
     "SIGKILL the instant a checkpoint appears",
     inject.SYNC,
     1,
     inject.kill_at_checkpoint,
-    "tests/infra/test_history.py::test_history_is_whole_after_a_kill",
+    HISTORY,
     history=True,
   ),
   Fault(
@@ -134,7 +138,7 @@ FAULTS = [
     inject.SYNC,
     2,
     inject.lost_host,
-    DISTRIBUTED + "sync_easgd_preempted_over_two_processes_resumes_to_one_process_result",
+    DISTRIBUTED + "preempted_then_killed_over_two_processes_each_time_the_same_command_resumes",
     rerun_processes=1,
     rerun_flags=("--config.run.devices=2",),
     rerun="the same command on 1 process of 2 devices",

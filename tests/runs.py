@@ -230,7 +230,7 @@ def stop_resume_and_replay(tmp_path, workdir, flags, run, sigterm_at, kill_at, t
   assert run.wait(2 * timeout) == 0, run.tail()
   replay = train(
     tmp_path / "replay",
-    *[flag for flag in flags if "runtime" not in flag],
+    *[flag for flag in flags if not flag.startswith(("--config.runtime", "--config.ray."))],
     f"--config.cluster.replay={workdir / trace.FILE}",
   )
   assert replay.wait(2 * timeout) == 0, replay.tail()

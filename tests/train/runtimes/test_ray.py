@@ -176,6 +176,7 @@ def _killing_at_cuts(monkeypatch, kills: dict[int, int], restarted_first=()):
 
 def _replays_to_its_bits(config, real, replay):
   _replay(config, real, replay)
+  assert steps_saved(real)[-1] == config.run.total_steps
   for step in steps_saved(real):
     assert_same_bits(real, replay, step)
   assert_same_scalars(real, replay)
@@ -257,6 +258,7 @@ def test_workers_killed_at_cuts_or_mid_step_leave_under_continue_and_the_run_rep
   assert {"read", "write"} <= {e.op for e in recorded.events}
   leaves = {e.worker: (e.tick, e.cut) for e in recorded.events if e.op == "leave"}
   assert sorted(leaves) == [1, 2, 3, 4]
+  assert sorted(p["worker"] for p in recorded.processes) == [0, 1, 2, 3, 4]  # none restarted
   assert [leaves[j] for j in (1, 2, 3)] == [(3, True), (5, True), (9, True)]
   assert {e.worker for e in recorded.events if e.tick > 9} == {0}
   monkeypatch.undo()

@@ -2,8 +2,6 @@
 replay by the simulated runtime to the same bits."""
 
 import json
-import os
-import shutil
 import threading
 import time
 
@@ -21,8 +19,6 @@ from runs import (
   config_with,
   read_state,
   steps_saved,
-  stop_resume_and_replay,
-  train,
 )
 
 # 24 ticks of the MLP, checkpoints at 12 and 24.
@@ -303,36 +299,3 @@ def test_a_preemption_with_the_workers_at_the_next_log_logs_it_and_resumes_as_th
   for step in (24, 36):
     assert_same_bits(real, replay, step)
   assert_same_scalars(real, replay)
-
-
-@pytest.mark.e2e
-def test_sigterm_and_kill_9_resume_to_the_bits_of_the_replay(tmp_path):
-  """A threads run stopped by SIGTERM (exit 0 within 30 s, a checkpoint) and by
-  kill -9 after a checkpoint resumes each time; the trace of the whole run, cut
-  back at each resume, replays to the final bits."""
-  flags = [
-    "--config=configs/default.py",
-    "--config.algorithm=async_easgd",
-    "--config.runtime=threads",
-    "--config.model=mlp",
-    "--config.workers=2",
-    "--config.run.devices=2",
-    "--config.outer.moving_rate=0.2",
-    "--config.run.total_steps=200",
-    "--config.run.log_every=10",
-    "--config.run.eval_every=0",
-    "--config.run.checkpoint_every=40",
-  ]
-  workdir = tmp_path / "real"
-  run = train(workdir, *flags)
-  stop_resume_and_replay(
-    tmp_path, workdir, flags, run, sigterm_at=20, kill_at=130, total=200, timeout=120
-  )
-  events = [json.loads(line) for line in (workdir / trace.FILE).read_text().splitlines()]
-  assert [e["kind"] for e in events].count("header") == 1
-  assert events[-1] == {"kind": "end", "events": len(events) - 2, "ticks": 200} | {
-    "sum": events[-1]["sum"]
-  }
-  trace.read(str(workdir / trace.FILE))  # its checksums chain across both resumes
-  shutil.rmtree(workdir)  # large
-  assert not os.path.exists(workdir)
