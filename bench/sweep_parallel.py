@@ -117,11 +117,15 @@ def main():
         "pipelined": "--pipeline, one pipelined run",
       }[name]
       print(f"| {how} | {seconds:.1f} | {times['serial'] / seconds:.2f}x |")
+    differ = []
     for name in ("parallel", "cluster"):
       same = summary(os.path.join(root, name)) == serial
       print(f"{name} summary equals the serial one: {'yes' if same else 'NO'}")
+      differ += [] if same else [name]
   finally:
     shutil.rmtree(root, ignore_errors=True)
+  if differ:  # the same train.py runs must give the same summary
+    sys.exit(1)
 
 
 if __name__ == "__main__":

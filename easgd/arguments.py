@@ -199,6 +199,26 @@ def number(low: float, inclusive: bool = True):
   return parse
 
 
+def some_of(allowed: tuple):
+  """An argparse type: a comma-separated subset of `allowed` (one or more, in any order),
+  returned in `allowed`'s order."""
+  kind = type(allowed[0])
+
+  def parse(text: str) -> tuple:
+    try:
+      chosen = {kind(part) for part in text.split(",")}
+    except ValueError:
+      chosen = set()
+    if not chosen or not chosen <= set(allowed):
+      raise argparse.ArgumentTypeError(
+        f"{text!r} is invalid: choose some of {','.join(map(str, allowed))}"
+      )
+    return tuple(value for value in allowed if value in chosen)
+
+  parse.__name__ = "list"
+  return parse
+
+
 def directory(flag: str):
   """An argparse type: an output directory that can be created or written (see
   check_workdir)."""

@@ -174,10 +174,13 @@ def write_table(rows, path, command, common_time, total_steps, overrides):
   ]
   for row in rows:
     staleness = "" if row["staleness"] is None else f"{row['staleness']:.2f}"
+    # None: no evaluation of the rule's fell within the common time (its first came later).
+    at_common = row["accuracy_at_common_time"]
+    at_common = "-" if at_common is None else f"{at_common:.3f}"
     lines.append(
       f"| {row['rule']} | {_reached(row, row['time_to_target'], 2)} "
       f"| {_reached(row, row['steps_to_target'], 0)} "
-      f"| {row['accuracy_at_common_time']:.3f} | {row['final_accuracy']:.3f} "
+      f"| {at_common} | {row['final_accuracy']:.3f} "
       f"| {row['final_time']:.2f} | {row['final_steps']:.0f} "
       f"| {row['megabytes_per_worker']:.1f} | {staleness} |"
     )

@@ -1,6 +1,6 @@
 """Injects the faults of a real cluster into small runs and records what each one cost.
 
-    python studies/faults.py --workdir runs/faults --trials 3
+    python studies/faults.py --workdir runs/faults --trials 3 [--only PARTS]
 
 Every trial runs the MLP on mnist5k (4 workers on 4 CPU devices, 60 steps, a
 checkpoint every 10, sums over workers in worker order) with a fault, then
@@ -12,7 +12,9 @@ from, and whether the final state equals an uninterrupted run bit for bit
 lands the instant a checkpoint appears, and compares the TensorBoard
 history too. A hang is injected by a wrapper script the study writes into
 its workdir. Writes docs/faults_table.md (every trial) and the table of
-fault classes in docs/faults.md, between its FAULT CLASSES markers.
+fault classes in docs/faults.md, between its FAULT CLASSES markers. --only
+runs the faults whose names contain one of its ;-separated parts, and then
+leaves docs/faults.md's table, which lists every fault, as it is.
 """
 
 import dataclasses
@@ -324,6 +326,21 @@ def write_classes(doc: str, lines: list[str], command: str) -> None:
     f.write(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 
+def chosen_faults(only: str) -> list[Fault]:
+  """The faults whose names contain one of `only`'s ;-separated parts (all for "");
+  a part that names none is refused in one line."""
+  if not only:
+    return list(FAULTS)
+  parts = only.split(";")
+  unmatched = [part for part in parts if not any(part in fault.name for fault in FAULTS)]
+  if unmatched:
+    arguments.fail(
+      f"--only: {'; '.join(unmatched)!r} is in no fault's name; the faults: "
+      + "; ".join(fault.name for fault in FAULTS)
+    )
+  return [fault for fault in FAULTS if any(part in fault.name for part in parts)]
+
+
 def main() -> None:
   parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workdir", default="runs/faults", type=arguments.directory("--workdir"))
@@ -340,7 +357,11 @@ def main() -> None:
     default=os.path.join(REPO, "docs", "faults.md"),
     help="the document whose table of fault classes is rewritten",
   )
+  parser.add_argument(
+    "--only", default="", help="the faults whose names contain one of these ;-separated parts"
+  )
   args = parser.parse_args()
+  faults = chosen_faults(args.only)
   check_classes_section(args.doc)  # now, not after the hours of trials
   arguments.check_overwritable(args.out, b"Written by `python studies/faults.py")
   rng = random.Random(args.seed)
@@ -348,7 +369,7 @@ def main() -> None:
   fresh_workdir(args.workdir)
   references = {}
   trials = []
-  for fault in FAULTS:
+  for fault in faults:
     key = (fault.algorithm, fault.processes)
     if key not in references:
       reference = os.path.join(args.workdir, f"reference_{fault.algorithm}_{fault.processes}")
@@ -357,13 +378,17 @@ def main() -> None:
       references[key] = reference
     for number in range(args.trials):
       trials.append(run_trial(fault, number, args.workdir, references[key], rng))
-      print(f"{len(trials)}/{len(FAULTS) * args.trials}: {trials[-1]}", flush=True)
+      print(f"{len(trials)}/{len(faults) * args.trials}: {trials[-1]}", flush=True)
   command = (
     f"python studies/faults.py --workdir {workdir_arg} --trials {args.trials} --seed {args.seed}"
+    + (f" --only '{args.only}'" if args.only else "")
   )
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:
     f.write(f"Written by `{command}`.\n\n" + "\n".join(trials_table(trials)) + "\n")
+  if args.only:
+    print(f"wrote {args.out}; {args.doc}'s table of every fault left as it is (--only)")
+    return
   write_classes(args.doc, classes_table(trials), command)
   print(f"wrote {args.out} and the table of {args.doc}")
 

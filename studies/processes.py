@@ -2,6 +2,8 @@
 jax.distributed, Downpour's speed-up, and the timing model's error.
 
     python studies/processes.py --workdir runs/processes [--seeds 0,1,2] [--total_steps 400]
+        [--rules async_easgd,async_measgd,hogwild_easgd] [--n_syncs 1,4,16]
+        [--downpour_workers 1,2,4]
 
 Every run is LeNet-5 on mnist5k, each worker a process of its own with one CPU
 device, evaluated every 25 steps; wall-clock time is seconds of training (the
@@ -32,6 +34,10 @@ C. Each run again under the timing model (runtime=simulated), given what the
    loopback; the exchange's transfer is inside the measured service).
    sync_easgd is predicted from the ray runs' t_c. The prediction's error:
    (predicted - measured) / measured, of the time to 95%.
+
+--rules, --n_syncs and --downpour_workers choose some of part A's rules and
+part B's settings (sync_easgd is always part A's baseline, one worker part B's,
+and an n_sync above 1 gives n_sync = 1 its t_c).
 
 Writes docs/processes_table.md and docs/processes.png (accuracy against
 seconds, measured and predicted, for the first seed of part A).
@@ -275,12 +281,23 @@ def main():
   parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--total_steps", type=arguments.integer(EVERY), default=400)
+  parser.add_argument("--rules", type=arguments.some_of(ASYNC_RULES), default=ASYNC_RULES)
+  parser.add_argument("--n_syncs", type=arguments.some_of(N_SYNCS), default=N_SYNCS)
+  parser.add_argument(
+    "--downpour_workers",
+    type=arguments.some_of(DOWNPOUR_WORKERS),
+    default=DOWNPOUR_WORKERS,
+  )
   parser.add_argument(
     "--docs",
     type=arguments.directory("--docs"),
     default=os.path.join(os.path.dirname(__file__), "..", "docs"),
   )
   args = parser.parse_args()
+  if 1 not in args.downpour_workers:
+    parser.error("--downpour_workers needs 1: part B's speed-ups are over one worker")
+  if max(args.n_syncs) == 1:
+    parser.error("--n_syncs needs one above 1: its local steps give n_sync = 1 its t_c")
   # The run's process: a CPU device a worker (the simulated predictions' layout too).
   jax.config.update("jax_num_cpu_devices", max(DOWNPOUR_WORKERS))
   seeds = [int(seed) for seed in args.seeds.split(",")]
@@ -302,9 +319,9 @@ def main():
   def run_dir(*parts) -> str:
     return os.path.join(args.workdir, *map(str, parts))
 
-  part_a: dict[str, list[dict]] = {rule: [] for rule in (*ASYNC_RULES, "sync_easgd")}
+  part_a: dict[str, list[dict]] = {rule: [] for rule in (*args.rules, "sync_easgd")}
   for seed in seeds:
-    for rule in ASYNC_RULES:
+    for rule in args.rules:
       print(f"A: {rule}, seed {seed} ...", flush=True)
       values = overrides(rule, 4, seed, args.total_steps, stragglers=True)
       measured = measure_ray(values, run_dir(rule, seed, "measured"))
@@ -320,7 +337,7 @@ def main():
         }
       )
     # The ray runs' local step on this machine, for the lock-step run's straggler.
-    compute_time = float(np.median([part_a[rule][-1]["compute_time"] for rule in ASYNC_RULES]))
+    compute_time = float(np.median([part_a[rule][-1]["compute_time"] for rule in args.rules]))
     print(f"A: sync_easgd, seed {seed} ...", flush=True)
     values = overrides("sync_easgd", 4, seed, args.total_steps, stragglers=True)
     measured = measure_sync(values, run_dir("sync_easgd", seed, "measured"), compute_time)
@@ -330,8 +347,8 @@ def main():
     )
 
   part_b: dict[tuple[int, int], dict] = {}
-  for n_sync in N_SYNCS:
-    for workers in DOWNPOUR_WORKERS:
+  for n_sync in args.n_syncs:
+    for workers in args.downpour_workers:
       print(f"B: downpour, n_sync {n_sync}, {workers} workers ...", flush=True)
       values = overrides("downpour", workers, seeds[0], args.total_steps, stragglers=False)
       values["downpour.n_sync"] = n_sync
@@ -340,7 +357,7 @@ def main():
   for (n_sync, workers), run in part_b.items():
     measured = run["measured"]
     # With n_sync = 1 every step carries a request: its t_c is n_sync = 16's, of as many workers.
-    compute = measured["compute"] or part_b[N_SYNCS[-1], workers]["measured"]["compute"]
+    compute = measured["compute"] or part_b[max(args.n_syncs), workers]["measured"]["compute"]
     values = overrides("downpour", workers, seeds[0], args.total_steps, stragglers=False)
     values["downpour.n_sync"] = n_sync
     run["predicted"] = predict(

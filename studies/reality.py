@@ -1,6 +1,7 @@
 """The timing model against reality: measured runs beside the model's predictions.
 
     python studies/reality.py --workdir runs/reality [--total_steps 1000]
+        [--rules async_easgd,hogwild_easgd,sync_easgd]
 
 On this machine's 2 devices (one per core), 2 workers of LeNet-5 on mnist5k,
 with and without worker 1 slowed 2x:
@@ -221,10 +222,10 @@ def _staleness(values) -> str:
   return f"{np.mean(values):.2f} ({shares})"
 
 
-def plot(results, path):
+def plot(results, path, rules):
   figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   for axis, straggler in zip(axes, (False, True), strict=True):
-    for index, rule in enumerate(RULES):
+    for index, rule in enumerate(rules):
       measured, predicted = results[rule, straggler]
       color = f"C{index}"
       for run, style, what in ((measured, "-", "measured"), (predicted, "--", "predicted")):
@@ -250,6 +251,7 @@ def main():
   parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
   parser.add_argument("--total_steps", type=arguments.integer(EVERY), default=1000)
+  parser.add_argument("--rules", type=arguments.some_of(RULES), default=RULES)
   parser.add_argument(
     "--docs",
     type=arguments.directory("--docs"),
@@ -265,9 +267,9 @@ def main():
   logging.getLogger("absl").setLevel(logging.WARNING)
 
   results, rows = {}, []
-  for number, (straggler, rule) in enumerate(itertools.product((False, True), RULES), 1):
+  for number, (straggler, rule) in enumerate(itertools.product((False, True), args.rules), 1):
     name = f"{rule}_{'straggler' if straggler else 'equal'}"
-    print(f"{number}/{2 * len(RULES)}: measuring {name} ...", flush=True)
+    print(f"{number}/{2 * len(args.rules)}: measuring {name} ...", flush=True)
     real = os.path.join(args.workdir, name, "measured")
     model = os.path.join(args.workdir, name, "predicted")
     for workdir in (real, model):
@@ -296,7 +298,7 @@ def main():
   command = " ".join(["python studies/reality.py", *sys.argv[1:]])
   table = os.path.join(args.docs, "reality_table.md")
   write_table(rows, table, command)
-  plot(results, os.path.join(args.docs, "reality.png"))
+  plot(results, os.path.join(args.docs, "reality.png"), args.rules)
   with open(table) as written:
     print(written.read())
 

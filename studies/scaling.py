@@ -1,13 +1,14 @@
 """Strong and weak scaling from the timing model, measured points, accuracy against P, and SC17.
 
     python studies/scaling.py --workdir runs/scaling [--parts model,measured,accuracy,sc17]
+        [--workers 1,2,4,8,16,32,64] [--steps 300]
 
 Writes docs/scaling_tables.md and docs/scaling.png. Its parts:
   model     speed-up over one worker that never communicates, and efficiency
-            (speed-up / P), for P in {1, 2, 4, ..., 64} of every rule
-            family (FAMILIES, chosen by the rules' declarations), from the
-            rules' own clocks (easgd/sim/clocks.py) simulated for 300 local
-            steps: weak scaling with 32 images a worker, strong scaling
+            (speed-up / P), for P in --workers (1, 2, 4, ..., 64) of every
+            rule family (FAMILIES, chosen by the rules' declarations), from the
+            rules' own clocks (easgd/sim/clocks.py) simulated for --steps (300)
+            local steps: weak scaling with 32 images a worker, strong scaling
             with 256 images a step shared by the P workers (a worker's
             compute time proportional to its batch). The cluster is the
             default config's (10 ms for a step of 32 images, 10% jitter,
@@ -16,13 +17,14 @@ Writes docs/scaling_tables.md and docs/scaling.png. Its parts:
   measured  the same speed-ups of sync_easgd measured on this machine's
             virtual CPU devices (P <= 8, one process).
   accuracy  final center test accuracy of Sync and Async EASGD and of Sync
-            and Async SGD on mnist5k at each P (300 local steps a worker,
+            and Async SGD on mnist5k at each P (--steps local steps a worker,
             beta = P * alpha = 0.9), trained in <workdir>/<rule>/P<P>.
   sc17      SC17's system-level comparison (8 GPUs, a 249 MB AlexNet) from
             the model: Sync EASGD's tree all-reduce against the original
             round-robin master, with the bandwidths stated in the table.
 """
 
+import argparse
 import dataclasses
 import logging
 import os
@@ -31,11 +33,8 @@ import sys
 import time
 
 import jax
-
-jax.config.update("jax_num_cpu_devices", 8)
-
-import jax.numpy as jnp  # noqa: E402
-import matplotlib  # noqa: E402
+import jax.numpy as jnp
+import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
@@ -90,26 +89,28 @@ def hyper(rule_workers: int) -> rules.Hyper:
   return rules.Hyper.from_config(config)
 
 
-def simulated_images_per_sec(rule_name, allreduce, workers, batch, compute_time) -> float:
-  """Images/s of `workers` workers under the rule's clock, over STEPS local steps each."""
+def simulated_images_per_sec(rule_name, allreduce, workers, batch, compute_time, steps) -> float:
+  """Images/s of `workers` workers under the rule's clock, over `steps` local steps each."""
   cluster = dataclasses.replace(base_cluster(), allreduce=allreduce, compute_time=compute_time)
   clock = rules.make_rule(rule_name, hyper(workers)).make_clock(cluster, LENET_BYTES, seed=0)
-  while clock.worker_steps.min() < STEPS:
+  while clock.worker_steps.min() < steps:
     clock.next_tick()
   return clock.worker_steps.sum() * batch / clock.time
 
 
-def model_scaling() -> dict:
-  """{(mode, label): [speed-up at each P]}, mode weak or strong."""
+def model_scaling(workers: tuple[int, ...], steps: int) -> dict:
+  """{(mode, label): [speed-up at each P of `workers`]}, mode weak or strong."""
   base_time = base_cluster().compute_time  # for BATCH images
   table = {}
   for label, rule_name, allreduce in FAMILIES:
-    weak = [simulated_images_per_sec(rule_name, allreduce, p, BATCH, base_time) for p in WORKERS]
+    weak = [
+      simulated_images_per_sec(rule_name, allreduce, p, BATCH, base_time, steps) for p in workers
+    ]
     strong = [
       simulated_images_per_sec(
-        rule_name, allreduce, p, GLOBAL_BATCH // p, base_time * GLOBAL_BATCH / p / BATCH
+        rule_name, allreduce, p, GLOBAL_BATCH // p, base_time * GLOBAL_BATCH / p / BATCH, steps
       )
-      for p in WORKERS
+      for p in workers
     ]
     # Speed-up over one worker that never communicates: BATCH images per base_time.
     alone = BATCH / base_time
@@ -147,9 +148,10 @@ def measured_images_per_sec(workers: int, batch: int, num_steps: int = 30) -> fl
   return best
 
 
-def measured_scaling() -> dict:
-  weak = [measured_images_per_sec(p, BATCH) for p in MEASURED_WORKERS]
-  strong = [measured_images_per_sec(p, GLOBAL_BATCH // p) for p in MEASURED_WORKERS]
+def measured_scaling(workers: tuple[int, ...]) -> dict:
+  """The measured speed-ups at each P of `workers` (at most the 8 virtual devices)."""
+  weak = [measured_images_per_sec(p, BATCH) for p in workers]
+  strong = [measured_images_per_sec(p, GLOBAL_BATCH // p) for p in workers]
   return {
     ("weak", "measured"): [x / weak[0] for x in weak],
     ("strong", "measured"): [x / strong[0] for x in strong],
@@ -157,16 +159,17 @@ def measured_scaling() -> dict:
   }
 
 
-def final_accuracy(workdir: str, rule_name: str, workers: int) -> dict:
-  """Trains (or reuses) one run; returns its final center accuracy and simulated time."""
+def final_accuracy(workdir: str, rule_name: str, workers: int, steps: int) -> dict:
+  """Trains (or reuses) one run of `steps` local steps; returns its final center accuracy and
+  simulated time."""
   config = default.get_config()
   config.algorithm, config.workers = rule_name, workers
   config.run.devices = min(workers, 8)
   config.outer.moving_rate = 0.9 / workers
-  config.run.total_steps, config.run.log_every, config.run.eval_every = STEPS, STEPS, STEPS
-  config.run.checkpoint_every = STEPS
+  config.run.total_steps, config.run.log_every, config.run.eval_every = steps, steps, steps
+  config.run.checkpoint_every = steps
   run_dir = os.path.join(workdir, rule_name, f"P{workers}")
-  if checkpoint.saved_step(run_dir) != STEPS:
+  if checkpoint.saved_step(run_dir) != steps:
     try:
       trainer.train_and_evaluate(config, run_dir)
     except TrainingDiverged as error:  # a result too: the rule is unstable at this P
@@ -240,31 +243,31 @@ def _row(cells) -> str:
   return "| " + " | ".join(str(cell) for cell in cells) + " |"
 
 
-def scaling_table(table: dict, mode: str) -> list[str]:
+def scaling_table(table: dict, mode: str, workers: tuple[int, ...]) -> list[str]:
   labels = [label for kind, label in table if kind == mode]
-  lines = [_row(["rule", *(f"P={p}" for p in WORKERS)]), _row(["---"] * (len(WORKERS) + 1))]
+  lines = [_row(["rule", *(f"P={p}" for p in workers)]), _row(["---"] * (len(workers) + 1))]
   for label in labels:
     values = table[mode, label]
     lines.append(
       _row(
-        [label, *(f"{x:.2f}x ({100 * x / p:.0f}%)" for x, p in zip(values, WORKERS, strict=False))]
+        [label, *(f"{x:.2f}x ({100 * x / p:.0f}%)" for x, p in zip(values, workers, strict=False))]
       )
     )
   return lines
 
 
-def plot(table: dict, path: str) -> None:
+def plot(table: dict, path: str, workers: tuple[int, ...]) -> None:
   figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
   for axis, mode in zip(axes, ("weak", "strong"), strict=True):
-    axis.plot(WORKERS, WORKERS, "k:", label="ideal")
+    axis.plot(workers, workers, "k:", label="ideal")
     for (kind, label), values in table.items():
       if kind != mode:
         continue
       if label == "measured":
         measured = f"measured: {SYNC_ELASTIC}, 2-core CPU"
-        axis.plot(WORKERS[: len(values)], values, "ko-", label=measured)
+        axis.plot(workers[: len(values)], values, "ko-", label=measured)
       else:
-        axis.plot(WORKERS[: len(values)], values, ".-", label=label)
+        axis.plot(workers[: len(values)], values, ".-", label=label)
     axis.set_xscale("log", base=2)
     axis.set_yscale("log", base=2)
     axis.set_xlabel("workers P")
@@ -315,6 +318,26 @@ def sc17_lines(rows: dict) -> list[str]:
   return lines
 
 
+def worker_counts(text: str) -> tuple[int, ...]:
+  """--workers: increasing worker counts from 1 (the speed-ups are over one worker), each
+  dividing GLOBAL_BATCH."""
+  try:
+    counts = tuple(int(p) for p in text.split(","))
+  except ValueError:
+    counts = ()
+  if (
+    not counts
+    or counts[0] != 1
+    or any(p < 1 or GLOBAL_BATCH % p for p in counts)
+    or list(counts) != sorted(set(counts))
+  ):
+    raise argparse.ArgumentTypeError(
+      f"{text!r} is invalid: give increasing worker counts from 1 that divide {GLOBAL_BATCH}, "
+      "e.g. 1,2,4,8"
+    )
+  return counts
+
+
 def main():
   parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workdir", default="runs/scaling", type=arguments.directory("--workdir"))
@@ -325,12 +348,23 @@ def main():
     default="docs",
     help="where the table and the plot go",
   )
+  parser.add_argument(
+    "--workers",
+    type=worker_counts,
+    default=WORKERS,
+    help="the P compared, increasing, each dividing the strong scaling's step of "
+    f"{GLOBAL_BATCH} images (measured: those up to {max(MEASURED_WORKERS)})",
+  )
+  parser.add_argument("--steps", type=arguments.integer(1), default=STEPS, help="local steps")
   args = parser.parse_args()
+  workers = args.workers
   for name, made_by in (
     ("scaling_tables.md", b"Made by `python studies/scaling.py"),
     ("scaling.png", b"matplotlib"),
   ):
     arguments.check_overwritable(os.path.join(args.out, name), made_by)
+  # The measured part's virtual devices, before JAX starts its backend.
+  jax.config.update("jax_num_cpu_devices", max(MEASURED_WORKERS))
   parts = set(args.parts.split(","))
   unknown = parts - {"model", "measured", "accuracy", "sc17"}
   if unknown:
@@ -342,37 +376,38 @@ def main():
   os.makedirs(args.out, exist_ok=True)
   command = "python studies/scaling.py " + " ".join(sys.argv[1:])
   lines = [f"Made by `{command}`.", ""]
-  table = model_scaling() if "model" in parts else {}
+  table = model_scaling(workers, args.steps) if "model" in parts else {}
+  measured_workers = tuple(p for p in workers if p <= max(MEASURED_WORKERS))
   if "measured" in parts:
-    measured = measured_scaling()
+    measured = measured_scaling(measured_workers)
     table.update({key: value for key, value in measured.items() if key != "images_per_sec"})
   for mode in ("weak", "strong"):
     if any(kind == mode for kind, _ in table):
       lines += [f"## {mode.capitalize()} scaling: speed-up (efficiency)", ""]
-      lines += scaling_table(table, mode) + [""]
+      lines += scaling_table(table, mode, workers) + [""]
   if "measured" in parts:
     per_sec = measured["images_per_sec"]
     lines += [
       f"Measured images/s ({SYNC_ELASTIC}, tau {TAU}, this machine's virtual CPU devices): weak "
-      + ", ".join(f"P={p}: {x:.0f}" for p, x in zip(MEASURED_WORKERS, per_sec["weak"], strict=True))
+      + ", ".join(f"P={p}: {x:.0f}" for p, x in zip(measured_workers, per_sec["weak"], strict=True))
       + "; strong "
       + ", ".join(
-        f"P={p}: {x:.0f}" for p, x in zip(MEASURED_WORKERS, per_sec["strong"], strict=True)
+        f"P={p}: {x:.0f}" for p, x in zip(measured_workers, per_sec["strong"], strict=True)
       )
       + ".",
       "",
     ]
   if table:
-    plot(table, os.path.join(args.out, "scaling.png"))
+    plot(table, os.path.join(args.out, "scaling.png"), workers)
   if "accuracy" in parts:
     lines += [
-      "## Final center test accuracy on mnist5k, 300 local steps a worker",
+      f"## Final center test accuracy on mnist5k, {args.steps} local steps a worker",
       "",
-      _row(["rule", *(f"P={p}" for p in WORKERS)]),
-      _row(["---"] * (len(WORKERS) + 1)),
+      _row(["rule", *(f"P={p}" for p in workers)]),
+      _row(["---"] * (len(workers) + 1)),
     ]
     for rule_name in ACCURACY_RULES:
-      results = [final_accuracy(args.workdir, rule_name, p) for p in WORKERS]
+      results = [final_accuracy(args.workdir, rule_name, p, args.steps) for p in workers]
       cells = [
         f"{r['eval/center_accuracy']:.3f}" if "diverged" not in r else r["diverged"]
         for r in results

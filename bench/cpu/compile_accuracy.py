@@ -1,6 +1,7 @@
 """The default run's accuracy under the changes that move its last bits, over seeds.
 
     python bench/cpu/compile_accuracy.py [--seeds 0,1,2] [--workdir runs/compile_accuracy]
+        [--steps N]
 
 Two changes make XLA:CPU add a step's products in another order, so that
 the trajectory's last bits move: the compiler options (easgd/infra/compile.py
@@ -57,6 +58,9 @@ def main():
   parser = arguments.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--seeds", default="0,1,2", type=seeds)
   parser.add_argument("--workdir", default="runs/compile_accuracy")
+  parser.add_argument(
+    "--steps", type=arguments.integer(1), help="run.total_steps (default: the default run's)"
+  )
   args = parser.parse_args()
   arguments.check_workdir(args.workdir)
   if os.path.isdir(args.workdir) and os.listdir(args.workdir):
@@ -71,6 +75,9 @@ def main():
     for seed in args.seeds:
       config = default.get_config()
       config.seed = seed
+      if args.steps:
+        config.run.total_steps = args.steps
+        config.run.log_every = config.run.eval_every = config.run.checkpoint_every = 0
       workdir = os.path.join(args.workdir, directory, str(seed))
       metrics = trainer.train_and_evaluate(config, workdir).metrics
       results[label, seed] = metrics["eval/center_accuracy"]

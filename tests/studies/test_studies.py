@@ -1,5 +1,6 @@
 """The studies' scripts: what they may delete, and the settings they describe."""
 
+import argparse
 import importlib.util
 import pathlib
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 import runs
+from easgd import arguments
 from easgd.config import validation
 from easgd.rules import Hyper, make_rule
 from easgd.sim import timing
@@ -129,3 +131,40 @@ def test_a_study_with_parallel_runs_writes_the_table_of_the_study_run_in_series(
     table = (tmp_path / (name + "_docs") / "heterogeneous_table.md").read_text().splitlines()
     tables.append([line for line in table if not line.startswith("Made by")])
   assert tables[0] == tables[1] and sum(line.startswith("| ") for line in tables[0]) == 2
+
+
+scaling = _load("scaling")
+
+
+@pytest.mark.parametrize("text", ["2,4", "1,3", "1,4,2", "1,1", "", "x"])
+def test_the_scaling_study_takes_increasing_worker_counts_from_1_that_divide_its_batch(text):
+  with pytest.raises(argparse.ArgumentTypeError, match="increasing worker counts from 1 that"):
+    scaling.worker_counts(text)
+
+
+def test_a_part_of_a_study_is_some_of_its_values_in_their_order():
+  parse = arguments.some_of(processes.N_SYNCS)
+  assert parse("16,1") == (1, 16)
+  for text in ("2", "1,x", ""):
+    with pytest.raises(argparse.ArgumentTypeError, match="choose some of 1,4,16"):
+      parse(text)
+
+
+@pytest.mark.parametrize(
+  "study,argv,said",
+  [
+    (processes, ["--downpour_workers=2,4"], "--downpour_workers needs 1"),
+    (processes, ["--n_syncs=1"], "--n_syncs needs one above 1"),
+    (faults, ["--only=SIGKILL;a meteor"], "'a meteor' is in no fault's name"),
+  ],
+)
+def test_a_part_that_cannot_run_is_refused_in_one_line(
+  tmp_path, capsys, monkeypatch, study, argv, said
+):
+  monkeypatch.setattr("sys.argv", ["study.py", f"--workdir={tmp_path / 'runs'}", *argv])
+  with pytest.raises(SystemExit) as exit_info:
+    study.main()
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and said in err, err
+  assert not (tmp_path / "runs").exists()
