@@ -47,10 +47,14 @@ def test_the_address_comes_from_the_setting_else_ray_address(monkeypatch):
     ray_connection.check("host:", "--flag")
 
 
-@pytest.mark.parametrize("answer", [None, b"HTTP/1.1 400 Bad Request\r\n\r\n"])
+CLOSES = b"closes"  # the server closes the connection without a word
+
+
+@pytest.mark.parametrize("answer", [None, CLOSES, b"HTTP/1.1 400 Bad Request\r\n\r\n"])
 def test_a_port_that_accepts_but_is_not_a_ray_head_is_refused_at_once(monkeypatch, answer):
   """ray.init would retry such an address for minutes: a port that says nothing
-  (None), or answers but not as gRPC (an HTTP/1 server), is refused in one line."""
+  (None), closes at once, or answers but not as gRPC (an HTTP/1 server), is refused
+  in one line."""
   monkeypatch.setattr(ray_connection, "CONNECT_TIMEOUT", 0.5)
   with socket.create_server(("127.0.0.1", 0)) as server:
     address = f"127.0.0.1:{server.getsockname()[1]}"
@@ -59,6 +63,8 @@ def test_a_port_that_accepts_but_is_not_a_ray_head_is_refused_at_once(monkeypatc
       connection, _ = server.accept()
       with connection:
         connection.recv(len(ray_connection.HTTP2_PREFACE))
+        if answer == CLOSES:
+          return
         if answer is not None:
           connection.sendall(answer)
         with contextlib.suppress(ConnectionResetError):  # it may close with our answer unread
@@ -69,3 +75,11 @@ def test_a_port_that_accepts_but_is_not_a_ray_head_is_refused_at_once(monkeypatc
     with pytest.raises(ConfigError, match="accepts connections but does not answer as a Ray head"):
       ray_connection.check(address, "--flag")
     thread.join()
+
+
+def test_under_tls_a_port_that_accepts_is_left_to_rays_own_check(monkeypatch):
+  """A TLS port answers a plain HTTP/2 preface with nothing: under RAY_USE_TLS the
+  check stops at the connection, and ray.init's own handshake says the rest."""
+  monkeypatch.setenv("RAY_USE_TLS", "1")
+  with socket.create_server(("127.0.0.1", 0)) as server:
+    ray_connection.check(f"127.0.0.1:{server.getsockname()[1]}", "--flag")

@@ -7,8 +7,10 @@ the field, and every value inside it accepted. The refusal holds whether or not
 the configured algorithm reads the field.
 """
 
+import argparse
 import math
 import os
+import re
 
 import pytest
 
@@ -315,3 +317,24 @@ def test_a_tool_overwrites_only_a_file_it_wrote(tmp_path, capsys, content, refus
   assert err.count("\n") == 1 and "outer_table.md" in err
   if content != "directory":
     assert path.read_bytes() == content  # untouched
+
+
+@pytest.mark.parametrize(
+  "parse,text,message",
+  [
+    (arguments.number(0), "x", "'x' is not a number"),
+    (arguments.number(0), "nan", "nan is invalid: must be a finite number >= 0"),
+    (arguments.number(0), "-1", "-1 is invalid: must be a finite number >= 0"),
+    (arguments.number(0, inclusive=False), "0", "0 is invalid: must be a finite number > 0"),
+    (arguments.integer(1), "1.5", "'1.5' is not an integer"),
+    (arguments.integer(1), "0", "0 is invalid: must be an integer >= 1"),
+  ],
+)
+def test_every_numeric_argument_is_checked_by_class(parse, text, message):
+  with pytest.raises(argparse.ArgumentTypeError, match=f"^{re.escape(message)}$"):
+    parse(text)
+
+
+def test_a_numeric_argument_within_its_bounds_is_its_value():
+  assert arguments.number(0, inclusive=False)("0.25") == 0.25
+  assert arguments.integer(1)("3") == 3

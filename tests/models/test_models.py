@@ -267,3 +267,10 @@ def test_cifar_networks_take_sync_easgd_steps_and_lower_the_loss(name):
     state, metrics = step(state, images, labels, {})
     losses.append(float(metrics["loss"]))
   assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
+def test_an_unknown_network_or_dtype_is_refused_naming_the_valid_ones():
+  with pytest.raises(KeyError, match="unknown model 'vgg'; valid: .*lenet5"):
+    models.get_model("vgg", 10)
+  with pytest.raises(ValueError, match="float16"):
+    models.get_model("lenet5", 10, jnp.float16)

@@ -130,3 +130,24 @@ def test_deterministic_sums_size_the_cpu_thread_pool_by_the_run(algorithm, overr
   runtime = runtimes.RUNTIMES[config.runtime]
   assert runtime.environment(config, "cpu") == ({} if pinned is None else {"PJRT_NPROC": pinned})
   assert runtime.environment(config, "tpu") == {}
+
+
+def test_runtime_ray_without_the_package_ray_is_refused_in_one_line(monkeypatch):
+  import importlib.util  # noqa: PLC0415
+
+  from easgd.train.runtimes.ray_runtime import RayRuntime  # noqa: PLC0415
+
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(
+    importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a)
+  )
+  config = config_with({"runtime": "ray"}, algorithm="async_easgd")
+  with pytest.raises(ConfigError, match=r"^config.runtime='ray' needs the package ray"):
+    RayRuntime.check(config)
+
+
+def test_gpus_hidden_by_cuda_visible_devices_are_none_for_a_ray_started_here(monkeypatch):
+  from easgd.train.runtimes import ray_runtime  # noqa: PLC0415
+
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+  assert ray_runtime.local_gpus() == 0
