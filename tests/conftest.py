@@ -92,23 +92,8 @@ def pytest_configure(config):
   assert len(jax.devices()) == 8, jax.devices()
 
 
-# The files whose tests start processes (Ray, jax.distributed, the scripts) and take
-# longest, slowest first: they start first, so that under -n 2 the short tests fill in
-# around them instead of one long test running alone at the end.
-SLOWEST_FIRST = (
-  "tests/test_scripts.py",
-  "tests/train/runtimes/test_ray.py",
-  "tests/infra/test_distributed.py",
-  "tests/train/runtimes/test_ray_cluster.py",
-  "tests/test_sweep.py",
-)
-
-
 def pytest_collection_modifyitems(config, items):
-  """The slowest files' tests first (SLOWEST_FIRST); GPU-tier tests run under `-m gpu`
-  on a machine with an accelerator, else skipped."""
-  rank = {path: index for index, path in enumerate(SLOWEST_FIRST)}
-  items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+  """GPU-tier tests run under `-m gpu` on a machine with an accelerator; else skipped."""
   if gpu_tier(config.option.markexpr or ""):
     import jax  # noqa: PLC0415 (after pytest_configure)
 

@@ -203,12 +203,8 @@ def test_every_script_runs_in_the_suite():
   assert not set(RUNS) & (IMPORTED | GPU_ONLY | set(ELSEWHERE))
 
 
-# Those that start several processes first, so that -n 2 runs the others beside them.
-SLOWEST = ("studies/processes.py", "bench/sweep_parallel.py", "bench/ray_vs_threads.py")
-
-
 @pytest.mark.e2e  # processes, a few steps each
-@pytest.mark.parametrize("script", sorted(RUNS, key=lambda script: script not in SLOWEST))
+@pytest.mark.parametrize("script", sorted(RUNS))
 def test_the_script_runs_end_to_end_in_a_tiny_setting(tmp_path, script):
   arguments, result, files = RUNS[script]
   for name, text in INPUTS.get(script, {}).items():
