@@ -17,7 +17,8 @@ the summary):
             (configs/sweep_pipeline.py).
 
 Prints each time, its ratio to the serial sweep's in this run, and whether the
-parallel summaries equal the serial one (they must: the same train.py runs).
+parallel summaries equal the serial one (they must: the same train.py runs;
+exit 1 if one does not).
 On a machine of C cores a point's train.py uses them all while it compiles and
 trains, so the ceiling is below min(N, C)x: what parallel points win is the
 time each spends in one core (starting Python, importing JAX, compiling,

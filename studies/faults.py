@@ -13,8 +13,9 @@ lands the instant a checkpoint appears, and compares the TensorBoard
 history too. A hang is injected by a wrapper script the study writes into
 its workdir. Writes docs/faults_table.md (every trial) and the table of
 fault classes in docs/faults.md, between its FAULT CLASSES markers. --only
-runs the faults whose names contain one of its ;-separated parts, and then
-leaves docs/faults.md's table, which lists every fault, as it is.
+runs the faults whose names contain one of its ;-separated parts into a table
+of its own (--out), and leaves docs/faults.md's table, which lists every
+fault, as it is.
 """
 
 import dataclasses
@@ -167,6 +168,7 @@ FAULTS = [
 # Written into the study's workdir when it makes it: only a directory with it
 # is cleared by a later run of the study.
 MARKER = ".faults-study"
+DEFAULT_OUT = os.path.join(REPO, "docs", "faults_table.md")
 
 
 def fresh_workdir(workdir: str) -> None:
@@ -332,7 +334,7 @@ def chosen_faults(only: str) -> list[Fault]:
   if not only:
     return list(FAULTS)
   parts = only.split(";")
-  unmatched = [part for part in parts if not any(part in fault.name for fault in FAULTS)]
+  unmatched = [part for part in parts if not part or not any(part in f.name for f in FAULTS)]
   if unmatched:
     arguments.fail(
       f"--only: {'; '.join(unmatched)!r} is in no fault's name; the faults: "
@@ -349,7 +351,7 @@ def main() -> None:
   parser.add_argument(
     "--out",
     type=arguments.output_file("--out"),
-    default=os.path.join(REPO, "docs", "faults_table.md"),
+    default=DEFAULT_OUT,
   )
   parser.add_argument(
     "--doc",
@@ -362,7 +364,10 @@ def main() -> None:
   )
   args = parser.parse_args()
   faults = chosen_faults(args.only)
-  check_classes_section(args.doc)  # now, not after the hours of trials
+  if args.only and os.path.abspath(args.out) == os.path.abspath(DEFAULT_OUT):
+    arguments.fail(f"--only runs some faults: give --out a table of its own, not {DEFAULT_OUT}")
+  if not args.only:  # the doc's table lists every fault: --only leaves it alone
+    check_classes_section(args.doc)  # now, not after the hours of trials
   arguments.check_overwritable(args.out, b"Written by `python studies/faults.py")
   rng = random.Random(args.seed)
   workdir_arg, args.workdir = args.workdir, os.path.abspath(args.workdir)

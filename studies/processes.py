@@ -37,7 +37,8 @@ C. Each run again under the timing model (runtime=simulated), given what the
 
 --rules, --n_syncs and --downpour_workers choose some of part A's rules and
 part B's settings (sync_easgd is always part A's baseline, one worker part B's,
-and an n_sync above 1 gives n_sync = 1 its t_c).
+and an n_sync above 1 gives n_sync = 1 its t_c). sync_easgd's straggler is then
+timed from the chosen rules' t_c.
 
 Writes docs/processes_table.md and docs/processes.png (accuracy against
 seconds, measured and predicted, for the first seed of part A).
@@ -255,7 +256,8 @@ def write_table(part_a, part_b, path: str, command: str) -> None:
 
 def plot(part_a, path: str) -> None:
   figure, axis = plt.subplots(figsize=(7, 4.5))
-  for index, (rule, runs) in enumerate(part_a.items()):
+  colors = (*ASYNC_RULES, "sync_easgd")  # a rule's color whatever --rules chose
+  for rule, runs in part_a.items():
     for key, style in (("measured", "-"), ("predicted", "--")):
       run = runs[0][key]
       steps = sorted(run["accuracy"])
@@ -263,7 +265,7 @@ def plot(part_a, path: str) -> None:
         [run["seconds"][s] for s in steps],
         [run["accuracy"][s] for s in steps],
         style,
-        color=f"C{index}",
+        color=f"C{colors.index(rule)}",
         label=f"{rule} {key}",
       )
   axis.axhline(TARGET, color="grey", linewidth=0.5)
@@ -356,7 +358,8 @@ def main():
       part_b[n_sync, workers] = {"measured": measured}
   for (n_sync, workers), run in part_b.items():
     measured = run["measured"]
-    # With n_sync = 1 every step carries a request: its t_c is n_sync = 16's, of as many workers.
+    # With n_sync = 1 every step carries a request: its t_c is the largest n_sync's, of as
+    # many workers.
     compute = measured["compute"] or part_b[max(args.n_syncs), workers]["measured"]["compute"]
     values = overrides("downpour", workers, seeds[0], args.total_steps, stragglers=False)
     values["downpour.n_sync"] = n_sync

@@ -225,9 +225,9 @@ def _staleness(values) -> str:
 def plot(results, path, rules):
   figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
   for axis, straggler in zip(axes, (False, True), strict=True):
-    for index, rule in enumerate(rules):
+    for rule in rules:
       measured, predicted = results[rule, straggler]
-      color = f"C{index}"
+      color = f"C{RULES.index(rule)}"  # a rule's color whatever --rules chose
       for run, style, what in ((measured, "-", "measured"), (predicted, "--", "predicted")):
         steps = sorted(run["accuracy"])
         axis.plot(

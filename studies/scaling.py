@@ -168,7 +168,9 @@ def final_accuracy(workdir: str, rule_name: str, workers: int, steps: int) -> di
   config.outer.moving_rate = 0.9 / workers
   config.run.total_steps, config.run.log_every, config.run.eval_every = steps, steps, steps
   config.run.checkpoint_every = steps
-  run_dir = os.path.join(workdir, rule_name, f"P{workers}")
+  # A run of another length has a folder of its own: a reused run is always `steps` long.
+  name = f"P{workers}" if steps == STEPS else f"P{workers}_{steps}steps"
+  run_dir = os.path.join(workdir, rule_name, name)
   if checkpoint.saved_step(run_dir) != steps:
     try:
       trainer.train_and_evaluate(config, run_dir)

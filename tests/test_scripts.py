@@ -132,7 +132,8 @@ RUNS = {
       "--rules=sync_easgd,async_easgd",
       MLP,
     ),
-    r"^\| async_easgd \| .* \| [\d.]+ \| [\d.]+ \| \d+ \|",
+    r"^\| async_easgd \| [^|]+ \| [^|]+ \| (-|\d\.\d{3}) \| \d\.\d{3} \| [\d.]+ \| \d+ "
+    r"\| [\d.]+ \| [\d.]* \|$",
     {"asynchrony_table.md": None, "asynchrony.png": None},
   ),
   "studies/faults.py": (
@@ -141,7 +142,6 @@ RUNS = {
       "--trials=1",
       "--only=SIGTERM to the only process",
       "--out={tmp}/faults_table.md",
-      "--doc={tmp}/faults.md",
     ),
     r"^wrote .*faults_table.md; .*faults.md's table of every fault left as it is",
     {"faults_table.md": r"^\| SIGTERM to the only process \| .* \| bitwise equal \|$"},
@@ -161,7 +161,7 @@ RUNS = {
       "--n_syncs=4",
       "--downpour_workers=1",
     ),
-    r"^\| 4 \| 1 \| [\d.]+ \| 1.00x \| ",
+    r"^\| 4 \| 1 \| [\d.]+ \| 1\.00x \| ",
     {"processes_table.md": None, "processes.png": None},
   ),
   "studies/reality.py": (
@@ -171,7 +171,8 @@ RUNS = {
   ),
   "studies/scaling.py": (
     ("--workdir={tmp}/runs", "--out={tmp}", "--workers=1", "--steps=4"),
-    r"## SC17's 8-GPU setting in the timing model",
+    r"^\| sync_easgd \| (\d\.\d{3}|diverged at step \d+) \|$(.|\n)*"
+    r"^## SC17's 8-GPU setting in the timing model$",
     {"scaling_tables.md": None, "scaling.png": None},
   ),
 }
@@ -189,8 +190,6 @@ INPUTS = {
     "def get_sweep():\n"
     "  return sweep.product({'optimizer.learning_rate': [0.05]})\n"
   },
-  # The document whose table of fault classes the study rewrites.
-  "studies/faults.py": {"faults.md": (REPO / "docs" / "faults.md").read_text()},
 }
 
 
@@ -215,6 +214,7 @@ def test_the_script_runs_end_to_end_in_a_tiny_setting(tmp_path, script):
     env={**os.environ, "JAX_PLATFORMS": "cpu"},
     capture_output=True,
     text=True,
+    timeout=1800,  # a hang's guard only: the slowest takes about 2 minutes
     check=False,
   )
   assert run.returncode == 0, run.stderr[-3000:]

@@ -156,6 +156,8 @@ def test_a_part_of_a_study_is_some_of_its_values_in_their_order():
     (processes, ["--downpour_workers=2,4"], "--downpour_workers needs 1"),
     (processes, ["--n_syncs=1"], "--n_syncs needs one above 1"),
     (faults, ["--only=SIGKILL;a meteor"], "'a meteor' is in no fault's name"),
+    (faults, ["--only=SIGKILL;"], "--only: '' is in no fault's name"),
+    (faults, ["--only=SIGKILL"], "give --out a table of its own, not"),
   ],
 )
 def test_a_part_that_cannot_run_is_refused_in_one_line(
@@ -168,3 +170,26 @@ def test_a_part_that_cannot_run_is_refused_in_one_line(
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and said in err, err
   assert not (tmp_path / "runs").exists()
+
+
+asynchrony = _load("asynchrony")
+
+
+def test_the_asynchrony_table_marks_a_rule_with_no_evaluation_within_the_common_time(tmp_path):
+  row = {
+    "rule": "async_easgd",
+    "reached": 0,
+    "seeds": 1,
+    "time_to_target": None,
+    "steps_to_target": None,
+    "accuracy_at_common_time": None,  # its first evaluation came after the common time
+    "final_accuracy": 0.5,
+    "final_time": 0.4,
+    "final_steps": 25,
+    "megabytes_per_worker": 1.0,
+    "staleness": None,
+  }
+  path = tmp_path / "table.md"
+  asynchrony.write_table([row], path, "python studies/asynchrony.py", 0.3, 25, {})
+  assert "| async_easgd | " in path.read_text()
+  assert "| - | 0.500 | 0.40 | 25 | 1.0 |  |" in path.read_text()

@@ -139,15 +139,24 @@ def test_runtime_ray_without_the_package_ray_is_refused_in_one_line(monkeypatch)
 
   find_spec = importlib.util.find_spec
   monkeypatch.setattr(
-    importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a)
+    importlib.util,
+    "find_spec",
+    lambda name, *args, **kwargs: None if name == "ray" else find_spec(name, *args, **kwargs),
   )
   config = config_with({"runtime": "ray"}, algorithm="async_easgd")
   with pytest.raises(ConfigError, match=r"^config.runtime='ray' needs the package ray"):
     RayRuntime.check(config)
 
 
-def test_gpus_hidden_by_cuda_visible_devices_are_none_for_a_ray_started_here(monkeypatch):
+def test_a_ray_started_here_has_the_gpus_cuda_visible_devices_shows(monkeypatch):
+  from ray._private import accelerators  # noqa: PLC0415
+
   from easgd.train.runtimes import ray_runtime  # noqa: PLC0415
 
-  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-  assert ray_runtime.local_gpus() == 0
+  manager = accelerators.get_accelerator_manager_for_resource("GPU")
+  monkeypatch.setattr(manager, "get_current_node_num_accelerators", lambda: 2)
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  assert ray_runtime.local_gpus() == 2
+  for visible, gpus in (("", 0), ("1", 1), ("0,1,2", 2)):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert ray_runtime.local_gpus() == gpus, visible
