@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 
-from easgd import arguments
+from easgd import arguments, ray_connection
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,7 +93,10 @@ def main():
     times["serial"] = sweep(args.config, os.path.join(root, "serial"), args.steps)
     parallel = f"--parallel={args.parallel}"
     times["parallel"] = sweep(args.config, os.path.join(root, "parallel"), args.steps, parallel)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(
+      initialize_head=True,
+      head_node_args={"num_cpus": 1, "_system_config": ray_connection.SYSTEM_CONFIG},
+    )
     try:
       for _ in range(args.nodes - 1):
         cluster.add_node(num_cpus=1)

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from easgd import ray_connection
 from easgd.errors import ConfigError, WorkerFailed
 from easgd.infra import sharding
 from easgd.train import trainer
@@ -41,7 +42,7 @@ RUN = {
 
 @pytest.fixture(scope="module")
 def embedded_ray():
-  ray.init(  # a Ray of its own, not the one `ray start` last started here
+  ray_connection.init(  # a Ray of its own, not the one `ray start` last started here
     address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR"
   )
   yield

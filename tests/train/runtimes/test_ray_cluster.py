@@ -13,6 +13,7 @@ import signal
 
 import pytest
 
+from easgd import ray_connection
 from easgd.train.runtimes import trace
 from runs import config_with, stop_resume_and_replay, train
 
@@ -42,7 +43,12 @@ def test_train_py_on_a_two_node_cluster_survives_kills_and_replays_to_its_bits(t
   the end; the trace of the whole run, cut back at each resume, replays to the
   final bits and logs what the run logged."""
   cluster = cluster_utils.Cluster(
-    initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    initialize_head=True,
+    head_node_args={
+      "num_cpus": 1,
+      "include_dashboard": False,
+      "_system_config": ray_connection.SYSTEM_CONFIG,  # as docs/runtimes.md starts one
+    },
   )
   try:
     cluster.add_node(num_cpus=1)
@@ -75,7 +81,9 @@ def test_train_py_on_a_two_node_cluster_survives_kills_and_replays_to_its_bits(t
 
 
 @pytest.mark.e2e
-def test_an_empty_address_starts_a_ray_of_its_own_beside_a_running_cluster(monkeypatch):
+def test_an_empty_address_starts_a_ray_of_its_own_beside_a_running_cluster_at_our_priority(
+  monkeypatch,
+):
   """ray.address='' (and no RAY_ADDRESS) is an embedded Ray that the run starts and
   ends, not the cluster `ray start` or ray.cluster_utils last started on the
   machine, which Ray's own default (address None) joins."""
@@ -88,6 +96,14 @@ def test_an_empty_address_starts_a_ray_of_its_own_beside_a_running_cluster(monke
   try:
     assert ray_runtime.connect(config_with({"runtime": "ray"}))
     assert ray.get_runtime_context().gcs_address != cluster.address
+
+    @ray.remote(num_cpus=0)
+    def niceness():
+      return os.nice(0)
+
+    # Its processes (the workers and servers) run at this process's priority, not
+    # below it as Ray's default (nice 15) would, where a busy machine stops them.
+    assert ray.get(niceness.remote()) == os.nice(0)
   finally:
     ray.shutdown()
     cluster.shutdown()
