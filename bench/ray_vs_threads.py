@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from easgd import ray_connection
 from easgd.arguments import ArgumentParser, integer
 from easgd.configs import default
 from easgd.infra import platform, sharding
@@ -91,7 +92,7 @@ def main() -> None:
     sharding.configure_cpu_devices(args.workers)  # threads: a device a worker, as ray has
   import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)
 
-  ray.init(  # a Ray of its own, not the one `ray start` last started here
+  ray_connection.init(  # a Ray of its own, not the one `ray start` last started here
     address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR"
   )
   when = time.strftime("%Y-%m-%d %H:%M")

@@ -1,6 +1,7 @@
 """Images/s of the rules on 8 virtual devices beside a plain single-device baseline.
 
     python bench/throughput.py [--workers 8] [--batch_size 32] [--steps 100] [--rounds 3]
+        [--rules sync_easgd,async_easgd,...]
 
 The baseline is a minimal jit-compiled LeNet-5 SGD step on one device with
 the same images per step (workers * batch_size) already on the device. The
@@ -15,6 +16,8 @@ took (under the parameter-server rules slow workers sit some ticks out). All
 variants are timed in the same run, in interleaved rounds (the machine is
 shared and noisy); the median round is reported with its ratio to the
 baseline's median, and async_easgd's to sync_easgd's with the same tau.
+--rules measures some of them; sync_easgd and async_easgd, the ratios' terms,
+are always measured.
 """
 
 import statistics
@@ -29,7 +32,7 @@ import optax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from easgd import models, rules, steps  # noqa: E402
-from easgd.arguments import ArgumentParser, integer  # noqa: E402
+from easgd.arguments import ArgumentParser, integer, some_of  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.data import datasets  # noqa: E402
 from easgd.infra import sharding  # noqa: E402
@@ -92,6 +95,8 @@ def main():
   parser.add_argument("--batch_size", type=integer(1), default=32)
   parser.add_argument("--steps", type=integer(1), default=100)
   parser.add_argument("--rounds", type=integer(1), default=3)
+  names = tuple(dict.fromkeys(name for name, _ in measured_rules()))
+  parser.add_argument("--rules", type=some_of(names), default=names)
   args = parser.parse_args()
   if args.workers % 8:  # the 8 virtual devices, each with as many workers
     parser.error(f"--workers={args.workers} is invalid: must be a multiple of 8 (the devices)")
@@ -134,7 +139,8 @@ def main():
   partitions = datasets.partition(dataset.train_images, dataset.train_labels, args.workers, 0)
   images, labels = (sharding.place(mesh, array, P(AXIS)) for array in partitions)
   plain = rules.plain(policy=None, elastic=True)
-  for name, tau, hand_written in [(n, t, False) for n, t in measured_rules()] + [
+  measured = {*args.rules, plain, rules.plain(policy=Policy.FCFS, elastic=True)}
+  for name, tau, hand_written in [(n, t, False) for n, t in measured_rules() if n in measured] + [
     (plain, TAU, True)
   ]:
     # A rule without a period (tau 0 here) pushes or pulls every step: period 1.

@@ -42,7 +42,7 @@ RUNS = {
   ),
   # On a CPU both pairs of runs end with the same bits (XLA:CPU is deterministic).
   "bench/gpu_determinism.py": (
-    ("--steps=2", "--workers=2"),
+    ("--steps=2", "--workers=2", "--model=mlp"),
     r"^True +0 of \d+ +0\nFalse +0 of \d+ +0$",
     {},
   ),
@@ -87,7 +87,7 @@ RUNS = {
     {},
   ),
   "bench/throughput.py": (
-    ("--workers=8", "--batch_size=2", "--steps=2", "--rounds=1"),
+    ("--workers=8", "--batch_size=2", "--steps=2", "--rounds=1", "--rules=sync_easgd"),
     r"^async_easgd / sync_easgd \(tau=4\): [\d.]+x",
     {},
   ),
@@ -97,7 +97,11 @@ RUNS = {
     r"^options, shifted conv1 +[\d.]+ +[\d.]+$",
     {},
   ),
-  "bench/cpu/conv_grad.py": ((), r"ResNet-20's 19 convolutions, forward \+ dx \+ dw: \d+ ms", {}),
+  "bench/cpu/conv_grad.py": (
+    ("--batch_size=8",),
+    r"ResNet-20's 19 convolutions, forward \+ dx \+ dw: \d+ ms",
+    {},
+  ),
   "bench/cpu/dtype.py": (
     ("--models=lenet5", "--rounds=1", "--batch_size=8"),
     r"\| bfloat16 \| \d+ \| [\d.]+x \|",

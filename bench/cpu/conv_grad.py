@@ -1,7 +1,7 @@
 """Where a ResNet-20 step's time goes on CPU: one 3x3 convolution of each stage,
-forward, input gradient (dx) and filter gradient (dw), batch 128.
+forward, input gradient (dx) and filter gradient (dw), batch 128 (--batch_size).
 
-    python bench/cpu/conv_grad.py [--xla_defaults]
+    python bench/cpu/conv_grad.py [--xla_defaults] [--batch_size 128]
 
 Each program is compiled with the project's compiler options
 (easgd/infra/compile.py), or as jax.jit compiles it with --xla_defaults. The
@@ -69,8 +69,11 @@ def dw_im2col(x, dy):
 def main():
   parser = arguments.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--xla_defaults", action="store_true", help="compile as jax.jit does")
+  parser.add_argument("--batch_size", type=arguments.integer(1), default=128)
+  args = parser.parse_args()
+  batch = args.batch_size
   platform = jax.devices()[0].platform
-  options = {} if parser.parse_args().xla_defaults else options_for(platform)
+  options = {} if args.xla_defaults else options_for(platform)
 
   def _compiled(fn, *args):
     return compile_program(jax.jit(fn).lower(*args), platform, options)
@@ -79,12 +82,12 @@ def main():
   print(f"{'layer':>22} {'GFLOP':>6} " + " ".join(f"{c:>9}" for c in columns))
   total = 0.0
   for channels, side, count in ((16, 32, 6), (32, 16, 5), (64, 8, 5)):
-    x = jax.random.normal(jax.random.PRNGKey(0), (128, side, side, channels))
+    x = jax.random.normal(jax.random.PRNGKey(0), (batch, side, side, channels))
     w = jax.random.normal(jax.random.PRNGKey(1), (3, 3, channels, channels))
     forward = _compiled(conv, x, w)
     dx = _compiled(jax.grad(lambda x, w: conv(x, w).sum(), 0), x, w)
     dw = _compiled(jax.grad(lambda x, w: conv(x, w).sum(), 1), x, w)
-    gflop = 2 * 128 * side * side * 9 * channels * channels / 1e9
+    gflop = 2 * batch * side * side * 9 * channels * channels / 1e9
     times = [_milliseconds(fn, x, w) for fn in (forward, dx, dw)]
     dy = jax.random.normal(jax.random.PRNGKey(2), x.shape)
     expected = jax.vjp(lambda w, x=x: conv(x, w), w)[1](dy)[0]
@@ -98,7 +101,7 @@ def main():
     print(f"{f'{channels}@{side}x{side}, 3x3':>22} {gflop:6.2f} {cells}")
     total += count * sum(times[:3])
   for inputs, outputs, side, stride in ((3, 16, 32, 1), (16, 32, 32, 2), (32, 64, 16, 2)):
-    x = jax.random.normal(jax.random.PRNGKey(0), (128, side, side, inputs))
+    x = jax.random.normal(jax.random.PRNGKey(0), (batch, side, side, inputs))
     w = jax.random.normal(jax.random.PRNGKey(1), (3, 3, inputs, outputs))
 
     def strided(x, w, stride=stride):
