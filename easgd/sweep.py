@@ -16,12 +16,11 @@ import math
 import os
 
 import ml_collections
-from tensorboard.backend.event_processing import event_accumulator
 
 from easgd import arguments
 from easgd.config import schema, validation
 from easgd.errors import ConfigError
-from easgd.infra import checkpoint
+from easgd.infra import checkpoint, scalars
 from easgd.train import trainer
 
 # The final scalars of a run that the summary shows, when the run has them.
@@ -183,12 +182,8 @@ def name(point: dict) -> str:
 
 def final_scalars(run_dir: str) -> dict[str, float]:
   """The last value of each summary tag that the run wrote (none if it wrote no folder)."""
-  if not os.path.isdir(run_dir):
-    return {}
-  accumulator = event_accumulator.EventAccumulator(run_dir, size_guidance={"scalars": 0})
-  accumulator.Reload()
-  tags = set(accumulator.Tags().get("scalars", ()))
-  return {tag: accumulator.Scalars(tag)[-1].value for tag in SUMMARY_TAGS if tag in tags}
+  logged = scalars.read(run_dir)
+  return {tag: logged[tag][-1][1] for tag in SUMMARY_TAGS if tag in logged}
 
 
 def write_summary(rows: list[dict], fields: list[str], workdir: str) -> str:

@@ -38,12 +38,12 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
-from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
 
 from easgd import arguments, executor, rules
 from easgd.config import schema, validation
 from easgd.configs import default
 from easgd.errors import ConfigError
+from easgd.infra import scalars
 from easgd.sim import sizing
 from easgd.train import trainer
 
@@ -94,16 +94,6 @@ def saved_total_steps(saved: dict):
   return schema.grouped(saved).get("run.total_steps")
 
 
-def curves(workdir: str) -> dict[str, list[tuple[int, float]]]:
-  """Scalars of a finished run, tag -> [(step, value)]."""
-  accumulator = event_accumulator.EventAccumulator(workdir)
-  accumulator.Reload()
-  return {
-    tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
-    for tag in accumulator.Tags()["scalars"]
-  }
-
-
 def mean_curves(runs: list[dict]) -> dict[str, list[tuple[int, float]]]:
   """Per tag, the mean over seeds at each step that every seed logged."""
   result = {}
@@ -114,24 +104,24 @@ def mean_curves(runs: list[dict]) -> dict[str, list[tuple[int, float]]]:
   return result
 
 
-def first_reaching(scalars: dict):
+def first_reaching(curves: dict):
   """(sim seconds, mean worker steps) at the first evaluation >= TARGET, or None."""
-  accuracy = dict(scalars["eval/center_accuracy"])
+  accuracy = dict(curves["eval/center_accuracy"])
   reached = [step for step in sorted(accuracy) if accuracy[step] >= TARGET]
   if not reached:
     return None
-  return dict(scalars["sim/time"])[reached[0]], dict(scalars["sim/worker_steps_mean"])[reached[0]]
+  return dict(curves["sim/time"])[reached[0]], dict(curves["sim/worker_steps_mean"])[reached[0]]
 
 
 def summarize(rule: str, runs: list[dict], common_time: float) -> dict:
   """Means over seeds; times to the target over the seeds that reached it."""
-  scalars = mean_curves(runs)
-  accuracy = dict(scalars["eval/center_accuracy"])
-  time = dict(scalars["sim/time"])
+  curves = mean_curves(runs)
+  accuracy = dict(curves["eval/center_accuracy"])
+  time = dict(curves["sim/time"])
   reached = [r for r in (first_reaching(run) for run in runs) if r is not None]
   at_common = [accuracy[s] for s in sorted(accuracy) if time[s] <= common_time]
   last = max(accuracy)
-  staleness = dict(scalars.get("async/staleness_mean", []))
+  staleness = dict(curves.get("async/staleness_mean", []))
   return {
     "rule": rule,
     "reached": len(reached),
@@ -141,8 +131,8 @@ def summarize(rule: str, runs: list[dict], common_time: float) -> dict:
     "accuracy_at_common_time": at_common[-1] if at_common else None,
     "final_accuracy": accuracy[last],
     "final_time": time[last],
-    "final_steps": dict(scalars["sim/worker_steps_mean"])[last],
-    "megabytes_per_worker": dict(scalars["comm/bytes_per_worker"])[last] / 1e6,
+    "final_steps": dict(curves["sim/worker_steps_mean"])[last],
+    "megabytes_per_worker": dict(curves["comm/bytes_per_worker"])[last] / 1e6,
     "staleness": sum(staleness.values()) / len(staleness) if staleness else None,
   }
 
@@ -195,11 +185,11 @@ STYLES = {sizing.SYNC: "-", sizing.LOCKED: "-.", sizing.LOCK_FREE: "--"}
 def plot(all_scalars, path, title):
   figure, (by_time, by_steps) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
   colors = plt.get_cmap("tab20").colors
-  for n, (rule, scalars) in enumerate(all_scalars.items()):
-    accuracy = dict(scalars["eval/center_accuracy"])
+  for n, (rule, logged) in enumerate(all_scalars.items()):
+    accuracy = dict(logged["eval/center_accuracy"])
     steps = sorted(accuracy)
-    time = dict(scalars["sim/time"])
-    worker_steps = dict(scalars["sim/worker_steps_mean"])
+    time = dict(logged["sim/time"])
+    worker_steps = dict(logged["sim/worker_steps_mean"])
     style = STYLES[sizing.family_of(rules.RULES[rule].policy)]
     values = [accuracy[s] for s in steps]
     color = colors[(2 * n) % 20 + (2 * n) // 20]
@@ -326,7 +316,7 @@ def main():
     train_all(missing, parallel, args.workdir, "asynchrony")
   all_runs = {rule: [] for rule in chosen}
   for (rule, _), (_, workdir, _) in runs.items():
-    all_runs[rule].append(curves(workdir))
+    all_runs[rule].append(scalars.read(workdir))
   all_scalars = {rule: mean_curves(runs) for rule, runs in all_runs.items()}
   common_time = min(max(v for _, v in s["sim/time"]) for s in all_scalars.values())
   rows = [summarize(rule, runs, common_time) for rule, runs in all_runs.items()]

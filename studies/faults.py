@@ -30,6 +30,7 @@ import numpy as np
 
 from easgd import arguments
 from easgd.config import schema
+from easgd.infra import scalars
 
 REPO = inject.REPO
 
@@ -202,17 +203,9 @@ class Trial:
   history: bool | None  # its TensorBoard history equals it too (None: not compared)
 
 
-def scalars(workdir: str) -> dict:
+def logged(workdir: str) -> dict:
   """Every TensorBoard scalar but the wall-clock ones, as (step, value) lists."""
-  from tensorboard.backend.event_processing import event_accumulator  # noqa: PLC0415
-
-  accumulator = event_accumulator.EventAccumulator(workdir, size_guidance={"scalars": 0})
-  accumulator.Reload()
-  return {
-    tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
-    for tag in accumulator.Tags()["scalars"]
-    if tag != "train/images_per_sec"
-  }
+  return scalars.without_wall_clock(scalars.read(workdir))
 
 
 def run_trial(fault: Fault, number: int, workdir: str, reference: str, rng) -> Trial:
@@ -234,7 +227,7 @@ def run_trial(fault: Fault, number: int, workdir: str, reference: str, rng) -> T
   set_aside = inject.grep(rerun, r"is corrupt: ") or (
     os.path.exists(first) and inject.grep(first, r"it was moved to")
   )
-  history = scalars(run_dir) == scalars(reference) if fault.history and code == 0 else None
+  history = logged(run_dir) == logged(reference) if fault.history and code == 0 else None
   return Trial(
     fault, number, how, last, inject.resumed_from(rerun), set_aside, code, equal, history
   )

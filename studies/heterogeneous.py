@@ -34,7 +34,7 @@ from easgd import arguments, executor
 from easgd.config import validation
 from easgd.configs import default
 from easgd.errors import ConfigError
-from easgd.infra import checkpoint
+from easgd.infra import checkpoint, scalars
 from easgd.train import trainer
 
 EVERY = 25
@@ -124,18 +124,18 @@ def write_table(rows, path, command, args, time_budget):
     "| final sim s | mean local steps | MB sent per worker |",
     "|---|---|---|---|---|---|---|",
   ]
-  for run, (scalars, (seconds, reached)) in rows.items():
+  for run, (curves, (seconds, reached)) in rows.items():
     if seconds is None:
       to_target = f"not reached (0/{args.seeds})"
     else:
       note = "" if reached == args.seeds else f" ({reached}/{args.seeds} seeds)"
       to_target = f"{seconds:.2f}{note}"
     lines.append(
-      f"| {run} | {to_target} | {outer.at_budget(scalars, 'sim/time', time_budget):.3f} "
-      f"| {outer.final(scalars, 'eval/center_accuracy'):.3f} "
-      f"| {outer.final(scalars, 'sim/time'):.2f} "
-      f"| {outer.final(scalars, 'sim/worker_steps_mean'):.0f} "
-      f"| {outer.final(scalars, 'comm/bytes_per_worker') / 1e6:.2f} |"
+      f"| {run} | {to_target} | {outer.at_budget(curves, 'sim/time', time_budget):.3f} "
+      f"| {outer.final(curves, 'eval/center_accuracy'):.3f} "
+      f"| {outer.final(curves, 'sim/time'):.2f} "
+      f"| {outer.final(curves, 'sim/worker_steps_mean'):.0f} "
+      f"| {outer.final(curves, 'comm/bytes_per_worker') / 1e6:.2f} |"
     )
   with open(path, "w") as table:
     table.write("\n".join(lines) + "\n")
@@ -143,8 +143,8 @@ def write_table(rows, path, command, args, time_budget):
 
 def plot(rows, path, title, time_budget):
   figure, axes = plt.subplots(figsize=(8, 5))
-  for n, (run, (scalars, _)) in enumerate(rows.items()):
-    accuracy, time = dict(scalars["eval/center_accuracy"]), dict(scalars["sim/time"])
+  for n, (run, (curves, _)) in enumerate(rows.items()):
+    accuracy, time = dict(curves["eval/center_accuracy"]), dict(curves["sim/time"])
     steps = sorted(accuracy)
     style = "--" if RUNS[run][0] in ("sync_easgd", "diloco") else "-"
     color = plt.get_cmap("tab10").colors[n % 10]
@@ -204,9 +204,9 @@ def main():
     asynchrony.train_all(to_train, parallel, args.workdir, "heterogeneous")
   rows = {}
   for run in chosen:
-    runs = [asynchrony.curves(workdir_of(args, run, seed)) for seed in range(args.seeds)]
+    runs = [scalars.read(workdir_of(args, run, seed)) for seed in range(args.seeds)]
     rows[run] = (asynchrony.mean_curves(runs), time_to_target(runs))
-  time_budget = min(outer.final(scalars, "sim/time") for scalars, _ in rows.values())
+  time_budget = min(outer.final(curves, "sim/time") for curves, _ in rows.values())
   os.makedirs(args.docs, exist_ok=True)
   command = " ".join(["python studies/heterogeneous.py", *sys.argv[1:]])
   table = os.path.join(args.docs, "heterogeneous_table.md")

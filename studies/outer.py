@@ -34,7 +34,7 @@ from easgd import arguments, executor, rules
 from easgd.config import validation
 from easgd.configs import default
 from easgd.errors import ConfigError
-from easgd.infra import checkpoint
+from easgd.infra import checkpoint, scalars
 from easgd.train import trainer
 
 DTYPES = ("bfloat16", "int8", "int4")
@@ -109,30 +109,30 @@ def train(pairs, args, overrides, parallel, label: str) -> dict:
   asynchrony.train_all(missing, parallel, args.workdir, label)
   results = {}
   for run, dtype in pairs:
-    seeds = [asynchrony.curves(workdir_of(args, run, dtype, s)) for s in range(args.seeds)]
-    scalars = asynchrony.mean_curves(seeds)
-    scalars["megabytes"] = [(s, v / 1e6) for s, v in scalars["comm/bytes_per_worker"]]
-    results[run, dtype] = scalars
+    seeds = [scalars.read(workdir_of(args, run, dtype, s)) for s in range(args.seeds)]
+    curves = asynchrony.mean_curves(seeds)
+    curves["megabytes"] = [(s, v / 1e6) for s, v in curves["comm/bytes_per_worker"]]
+    results[run, dtype] = curves
   return results
 
 
-def at_budget(scalars: dict, tag: str, budget: float) -> float:
+def at_budget(curves: dict, tag: str, budget: float) -> float:
   """Center accuracy at the last evaluation whose `tag` is within `budget`."""
-  accuracy, used = dict(scalars["eval/center_accuracy"]), dict(scalars[tag])
+  accuracy, used = dict(curves["eval/center_accuracy"]), dict(curves[tag])
   within = [step for step in sorted(accuracy) if used[step] <= budget * (1 + 1e-9)]
   return accuracy[within[-1]] if within else float("nan")
 
 
-def final(scalars: dict, tag: str) -> float:
-  values = dict(scalars[tag])
+def final(curves: dict, tag: str) -> float:
+  values = dict(curves[tag])
   return values[max(values)]
 
 
-def peak_kilobytes(scalars: dict) -> str:
+def peak_kilobytes(curves: dict) -> str:
   """The peak bytes a step sends, in kB; "-" for runs from before it was logged."""
-  if "comm/peak_bytes_per_step" not in scalars:
+  if "comm/peak_bytes_per_step" not in curves:
     return "-"
-  return f"{final(scalars, 'comm/peak_bytes_per_step') / 1e3:.1f}"
+  return f"{final(curves, 'comm/peak_bytes_per_step') / 1e3:.1f}"
 
 
 def write_table(results, path, command, args, time_budget, byte_budget):
@@ -154,13 +154,13 @@ def write_table(results, path, command, args, time_budget, byte_budget):
     "| final acc. | final sim s | MB sent per worker | peak kB sent in a step |",
     "|---|---|---|---|---|---|---|---|",
   ]
-  for (run, dtype), scalars in results.items():
+  for (run, dtype), curves in results.items():
     lines.append(
-      f"| {run} | {dtype} | {at_budget(scalars, 'sim/time', time_budget):.3f} "
-      f"| {at_budget(scalars, 'megabytes', byte_budget):.3f} "
-      f"| {final(scalars, 'eval/center_accuracy'):.3f} | {final(scalars, 'sim/time'):.2f} "
-      f"| {final(scalars, 'megabytes'):.2f} "
-      f"| {peak_kilobytes(scalars)} |"
+      f"| {run} | {dtype} | {at_budget(curves, 'sim/time', time_budget):.3f} "
+      f"| {at_budget(curves, 'megabytes', byte_budget):.3f} "
+      f"| {final(curves, 'eval/center_accuracy'):.3f} | {final(curves, 'sim/time'):.2f} "
+      f"| {final(curves, 'megabytes'):.2f} "
+      f"| {peak_kilobytes(curves)} |"
     )
   with open(path, "w") as table:
     table.write("\n".join(lines) + "\n")
@@ -172,13 +172,13 @@ STYLES = {"float32": "-", "bfloat16": "--", "int8": ":", "int4": "-."}
 def plot(results, path, title):
   figure, (by_time, by_bytes) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
   colors = {run: plt.get_cmap("tab10").colors[n] for n, run in enumerate(RUNS)}
-  for (run, dtype), scalars in results.items():
-    accuracy = dict(scalars["eval/center_accuracy"])
+  for (run, dtype), curves in results.items():
+    accuracy = dict(curves["eval/center_accuracy"])
     steps = sorted(accuracy)
     values = [accuracy[s] for s in steps]
     style, color = STYLES[dtype], colors.get(run)
     label = run if dtype == "float32" else f"{run} ({dtype})"
-    time, sent = dict(scalars["sim/time"]), dict(scalars["megabytes"])
+    time, sent = dict(curves["sim/time"]), dict(curves["megabytes"])
     by_time.plot([time[s] for s in steps], values, style, color=color, label=label)
     by_bytes.plot([sent[s] for s in steps], values, style, color=color, label=label)
   by_time.set_xlabel("simulated seconds")

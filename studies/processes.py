@@ -57,10 +57,10 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
-from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
 
-from easgd import arguments  # noqa: E402
+from easgd import arguments, ray_connection  # noqa: E402
 from easgd.configs import default  # noqa: E402
+from easgd.infra import scalars  # noqa: E402
 from easgd.train import trainer  # noqa: E402
 from easgd.train.runtimes import trace  # noqa: E402
 
@@ -103,13 +103,9 @@ def config_of(values: dict):
   return config
 
 
-def scalars(workdir: str) -> dict[str, dict[int, float]]:
-  accumulator = event_accumulator.EventAccumulator(workdir)
-  accumulator.Reload()
-  return {
-    tag: {event.step: event.value for event in accumulator.Scalars(tag)}
-    for tag in accumulator.Tags()["scalars"]
-  }
+def logged_scalars(workdir: str) -> dict[str, dict[int, float]]:
+  """Every TensorBoard scalar of `workdir`, tag -> {step: value}."""
+  return {tag: dict(points) for tag, points in scalars.read(workdir).items()}
 
 
 def measure_ray(values: dict, workdir: str) -> dict:
@@ -117,7 +113,7 @@ def measure_ray(values: dict, workdir: str) -> dict:
   and what the timing model needs (easgd.sim.timing)."""
   config = config_of({**values, "runtime": "ray"})
   trainer.train_and_evaluate(config, workdir)
-  logged = scalars(workdir)
+  logged = logged_scalars(workdir)
   events = trace.read(os.path.join(workdir, trace.FILE)).events
   fast = [w for w in range(config.workers) if w not in config.cluster.stragglers]
   # A step without a request carries its own time; the first ones compile and warm up.
@@ -145,7 +141,7 @@ def measure_sync(values: dict, workdir: str, compute_time: float) -> dict:
   if done.returncode != 0:
     tail = "\n".join(done.stderr.splitlines()[-15:])
     raise SystemExit(f"the sync_easgd launch failed ({done.returncode}):\n{tail}")
-  logged = scalars(workdir)
+  logged = logged_scalars(workdir)
   rate = logged["train/images_per_sec"]
   batch = default.get_config().data.batch_size
   extra = (max(SLOWDOWNS) - 1.0) * compute_time if values["cluster.stragglers"] else 0.0
@@ -169,7 +165,7 @@ def predict(values: dict, compute: list[float], service: float, workdir: str) ->
     }
   )
   trainer.train_and_evaluate(config, workdir)
-  logged = scalars(workdir)
+  logged = logged_scalars(workdir)
   return {"accuracy": logged["eval/center_accuracy"], "seconds": logged["sim/time"]}
 
 
@@ -314,7 +310,7 @@ def main():
   logging.getLogger("absl").setLevel(logging.WARNING)
   import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)
 
-  ray.init(  # a Ray of its own, not the one `ray start` last started here
+  ray_connection.init(  # a Ray of its own, not the one `ray start` last started here
     address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR"
   )
 

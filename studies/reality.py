@@ -35,10 +35,10 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
-from tensorboard.backend.event_processing import event_accumulator  # noqa: E402
 
 from easgd import arguments, rules  # noqa: E402
 from easgd.configs import default  # noqa: E402
+from easgd.infra import scalars  # noqa: E402
 from easgd.sim import timing  # noqa: E402
 from easgd.train import trainer  # noqa: E402
 from easgd.train.runtimes import simulated, trace  # noqa: E402
@@ -65,13 +65,9 @@ def config_for(rule: str, total_steps: int, straggler: bool):
   return config
 
 
-def scalars(workdir: str) -> dict[str, dict[int, float]]:
-  accumulator = event_accumulator.EventAccumulator(workdir)
-  accumulator.Reload()
-  return {
-    tag: {event.step: event.value for event in accumulator.Scalars(tag)}
-    for tag in accumulator.Tags()["scalars"]
-  }
+def logged_scalars(workdir: str) -> dict[str, dict[int, float]]:
+  """Every TensorBoard scalar of `workdir`, tag -> {step: value}."""
+  return {tag: dict(points) for tag, points in scalars.read(workdir).items()}
 
 
 class LockStepClock:
@@ -111,7 +107,7 @@ def measure(rule: str, config, workdir: str) -> dict:
     slowdown = SLOWDOWN if config.cluster.stragglers else 1.0
     with LockStepClock(slowdown) as clock:
       trainer.train_and_evaluate(config, workdir)
-    values = scalars(workdir)
+    values = logged_scalars(workdir)
     compute = np.asarray(clock.step_seconds[5:])  # after the first steps' warm-up
     return {
       "accuracy": values["eval/center_accuracy"],
@@ -123,7 +119,7 @@ def measure(rule: str, config, workdir: str) -> dict:
     }
   config.runtime = "threads"
   trainer.train_and_evaluate(config, workdir)
-  values = scalars(workdir)
+  values = logged_scalars(workdir)
   recorded = trace.read(os.path.join(workdir, trace.FILE))
   compute = np.asarray([e.compute for e in recorded.events if e.op == "local" and e.worker == 0])
   services = [e.service for e in recorded.events if e.service > 0]
@@ -153,7 +149,7 @@ def predict(config, measured: dict, workdir: str) -> dict:
   staleness = []
   for _ in range(config.run.total_steps):
     staleness += clock.next_tick().staleness
-  values = scalars(workdir)
+  values = logged_scalars(workdir)
   return {
     "accuracy": values["eval/center_accuracy"],
     "seconds": values["sim/time"],

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from easgd.configs import default
-from easgd.infra import checkpoint
+from easgd.infra import checkpoint, scalars
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,27 +69,14 @@ def assert_same_bits(a_dir, b_dir, step: int) -> None:
     assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
 
 
-# The one scalar that measures the wall-clock time of the run that logs it.
-WALL_CLOCK_TAGS = ("train/images_per_sec",)
-
-
-def logged_scalars(workdir) -> dict[str, list[tuple[int, float]]]:
-  """Every TensorBoard scalar of `workdir`, as (step, value) pairs."""
-  from tensorboard.backend.event_processing import event_accumulator  # noqa: PLC0415 (heavy)
-
-  accumulator = event_accumulator.EventAccumulator(str(workdir))
-  accumulator.Reload()
-  tags = accumulator.Tags()["scalars"]
-  return {tag: [(event.step, event.value) for event in accumulator.Scalars(tag)] for tag in tags}
-
-
 def assert_same_scalars(run_dir, replay_dir) -> None:
   """A run and the replay of its trace logged the same values for every tag but
   those that measure wall-clock time (the training means, the counts, the
   trace's times and the evaluations)."""
-  run, replay = logged_scalars(run_dir), logged_scalars(replay_dir)
+  run, replay = scalars.read(str(run_dir)), scalars.read(str(replay_dir))
   assert set(run) == set(replay) and "train/loss" in run and "cluster/live_workers" in run
-  for tag in sorted(set(run) - set(WALL_CLOCK_TAGS)):
+  run, replay = scalars.without_wall_clock(run), scalars.without_wall_clock(replay)
+  for tag in sorted(run):
     assert run[tag] == replay[tag], (tag, run[tag], replay[tag])
 
 

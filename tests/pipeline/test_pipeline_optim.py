@@ -6,13 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-from tensorboard.backend.event_processing import event_accumulator
 from test_pipeline import BATCH, PARTITION_SIZE, STAGE_STEPS, data, init_params, loss_fn
 
 import least_squares
 import numpy_optim
 from easgd import rules, steps
-from easgd.infra import sharding
+from easgd.infra import scalars, sharding
 from easgd.pipeline import programs
 from easgd.rules import AXIS
 from easgd.train import trainer
@@ -96,9 +95,7 @@ def test_each_models_run_logs_its_own_learning_rate(tmp_path):
   )
   trainer.train_and_evaluate(config, str(tmp_path))
   for m, peak in enumerate(peaks):
-    accumulator = event_accumulator.EventAccumulator(str(tmp_path / f"model_{m}"))
-    accumulator.Reload()
-    logged = {event.step: event.value for event in accumulator.Scalars("train/learning_rate")}
+    logged = dict(scalars.read(str(tmp_path / f"model_{m}"))["train/learning_rate"])
     rate = numpy_optim.warmup_cosine(peak, 5, 40)
     # Logged every 10 steps: the mean of the rates of the steps since the last log.
     expected = {s: np.mean([rate(t) for t in range(s - 10, s)]) for s in (10, 20, 30, 40)}

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from tensorboard.backend.event_processing import event_accumulator
 
 import numpy_optim
+from easgd.infra import scalars
 from easgd.train import trainer
 from runs import small_config
 
@@ -25,9 +25,7 @@ def test_a_schedule_is_logged_as_it_runs(tmp_path):
     algorithm="diloco",
   )
   trainer.train_and_evaluate(config, str(tmp_path))
-  accumulator = event_accumulator.EventAccumulator(str(tmp_path))
-  accumulator.Reload()
-  logged = {event.step: event.value for event in accumulator.Scalars("train/learning_rate")}
+  logged = dict(scalars.read(str(tmp_path))["train/learning_rate"])
   rate = numpy_optim.warmup_cosine(0.01, 10, 40)
   # The value logged at step s is the one step s - 1 took (t = s - 1 local steps before it).
   assert sorted(logged) == list(range(1, 41))

@@ -15,17 +15,10 @@ import pytest
 
 from easgd import ray_connection
 from easgd.errors import ConfigError, WorkerFailed
-from easgd.infra import sharding
+from easgd.infra import scalars, sharding
 from easgd.train import trainer
 from easgd.train.runtimes import ray_runtime, ray_workers, trace
-from runs import (
-  WALL_CLOCK_TAGS,
-  assert_same_bits,
-  assert_same_scalars,
-  config_with,
-  logged_scalars,
-  steps_saved,
-)
+from runs import assert_same_bits, assert_same_scalars, config_with, steps_saved
 
 ray = pytest.importorskip("ray")
 
@@ -107,9 +100,7 @@ def test_a_recorded_run_on_two_servers_replays_to_the_same_bits(
     assert_same_bits(real, replay, step)
   assert_same_scalars(real, replay)  # as TensorBoard holds them (float32)
   # The last values, as the run computed them (float64).
-  assert {tag: value for tag, value in run.metrics.items() if tag not in WALL_CLOCK_TAGS} == {
-    tag: value for tag, value in replayed.metrics.items() if tag not in WALL_CLOCK_TAGS
-  }
+  assert scalars.without_wall_clock(run.metrics) == scalars.without_wall_clock(replayed.metrics)
   recorded = trace.read(str(real / trace.FILE))
   # Each worker ran in a process of its own, not this one.
   pids = {p["worker"]: p["pid"] for p in recorded.processes}
@@ -266,7 +257,7 @@ def test_workers_killed_at_cuts_or_mid_step_leave_under_continue_and_the_run_rep
   _replays_to_its_bits(config, real, replay)
   # The log of step s follows ticks 0 .. s - 1: a worker that left at tick T is
   # gone from it when T < s.
-  live = logged_scalars(real)["cluster/live_workers"]
+  live = scalars.read(str(real))["cluster/live_workers"]
   ticks = [tick for tick, _ in leaves.values()]
   assert live == [(step, 5 - sum(tick < step for tick in ticks)) for step, _ in live]
   assert live[-1][1] == 1
