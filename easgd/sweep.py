@@ -158,7 +158,7 @@ def check_points(
       if each_valid:
         trainer.check(swept)
       if run_dir:
-        validation.check_workdir(swept, run_dir)
+        validation.check_checkpoint(swept, run_dir)
     except (TypeError, ValueError) as error:
       raise ConfigError(f"{label}: {error}") from None
 

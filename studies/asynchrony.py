@@ -302,7 +302,7 @@ def main():
         config = config_for(rule, args.total_steps, 25, seed, overrides)
         trainer.check(config)
         workdir = os.path.join(args.workdir, rule, f"seed_{seed}")
-        saved = validation.check_workdir(config, workdir)
+        saved = validation.check_checkpoint(config, workdir)
         runs[rule, seed] = config, workdir, saved
   except (ValueError, TypeError) as error:
     arguments.fail(str(error))

@@ -195,7 +195,7 @@ def main():
       for seed in range(args.seeds):
         config = config_for(run, args.total_steps, seed, overrides)
         trainer.check(config)
-        validation.check_workdir(config, workdir_of(args, run, seed))
+        validation.check_checkpoint(config, workdir_of(args, run, seed))
   except (ValueError, TypeError) as error:
     arguments.fail(str(error))
 

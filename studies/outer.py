@@ -92,7 +92,7 @@ def check(args, run: str, dtype: str, overrides: dict) -> None:
     config = config_for(run, dtype, args.total_steps, seed, overrides)
     trainer.check(config)
     workdir = workdir_of(args, run, dtype, seed)
-    validation.check_workdir(config, workdir)
+    validation.check_checkpoint(config, workdir)
 
 
 def train(pairs, args, overrides, parallel, label: str) -> dict:

@@ -76,7 +76,7 @@ class LockStepClock:
 
   def __init__(self, slowdown: float):
     self.slowdown, self.seconds, self.step_seconds = slowdown, {}, []
-    self._step = simulated.RuleTrainee.step
+    self._step = simulated.SimulatedTrainee.step
 
   def __enter__(self):
     clock = self
@@ -94,11 +94,11 @@ class LockStepClock:
       clock.seconds[len(clock.seconds) + 1] = total
       return result
 
-    simulated.RuleTrainee.step = timed
+    simulated.SimulatedTrainee.step = timed
     return self
 
   def __exit__(self, *exc):
-    simulated.RuleTrainee.step = self._step
+    simulated.SimulatedTrainee.step = self._step
 
 
 def measure(rule: str, config, workdir: str) -> dict:

@@ -133,7 +133,7 @@ def check_resumable(
     )
 
 
-def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
+def check_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
   """`check_resumable` for the checkpoint in `workdir`, if there is one; returns its
   configuration (None: no checkpoint). Writes nothing."""
   saved = checkpoint.saved_config(workdir)

@@ -97,7 +97,7 @@ def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) ->
   """
   dataset = load_dataset(config.data.dataset, config.run.data_dir)
   validation.validate_partition(config, len(dataset.train_labels), parts)
-  validation.check_workdir(config, workdir)
+  validation.check_checkpoint(config, workdir)
   return dataset
 
 

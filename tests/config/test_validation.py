@@ -270,8 +270,8 @@ def test_another_configuration_is_named_before_the_revision(tmp_path):
   folder.mkdir(parents=True)
   (folder / "metadata").write_text(json.dumps(nesterov.to_dict()))
   with pytest.raises(ConfigError, match=r"written by an earlier version"):
-    validation.check_workdir(nesterov, str(tmp_path))
-  assert validation.check_workdir(nesterov, str(tmp_path / "elsewhere")) is None
+    validation.check_checkpoint(nesterov, str(tmp_path))
+  assert validation.check_checkpoint(nesterov, str(tmp_path / "elsewhere")) is None
 
 
 @pytest.mark.parametrize(

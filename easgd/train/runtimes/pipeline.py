@@ -15,8 +15,8 @@ import ml_collections
 import numpy as np
 
 from easgd.config import schema
-from easgd.config.optimizer_checks import require
 from easgd.data import augment as augment_lib
+from easgd.errors import require
 from easgd.infra import checkpoint, metrics, sharding
 from easgd.infra.compile import compile_program
 from easgd.pipeline import programs

@@ -11,9 +11,9 @@ import ml_collections
 import numpy as np
 
 from easgd import steps
-from easgd.config.optimizer_checks import require
 from easgd.data import augment as augment_lib
 from easgd.data import stream
+from easgd.errors import require
 from easgd.infra import sharding
 from easgd.infra.compile import compile_program
 from easgd.rules import RULES, Rule, TrainState
@@ -23,7 +23,7 @@ from easgd.train.runtimes import trace
 from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime, parameter_server_rules
 
 
-class RuleTrainee(RuleReports):
+class SimulatedTrainee(RuleReports):
   """A rule's part of the loop under the simulated runtime: its state, clock,
   compiled step and reports."""
 
@@ -120,7 +120,7 @@ class SimulatedRuntime(RuleRuntime):
       )
       trace.check_replay(config)
 
-  def trainee(self, state, clock_state, resumed_at) -> RuleTrainee:
+  def trainee(self, state, clock_state, resumed_at) -> SimulatedTrainee:
     config = self.setup.config
     if config.cluster.replay:
       replayed = trace.check_replay(config)
@@ -135,4 +135,4 @@ class SimulatedRuntime(RuleRuntime):
       clock = self.rule.make_clock(self.cluster, self.model_bytes, config.seed, self.sent_bytes)
     if clock_state is not None:
       clock.load_state_dict(clock_state)
-    return RuleTrainee(self.setup, self.rule, state, clock, resumed_at=resumed_at)
+    return SimulatedTrainee(self.setup, self.rule, state, clock, resumed_at=resumed_at)

@@ -28,8 +28,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from easgd import steps
-from easgd.config.optimizer_checks import require
 from easgd.data import augment as augment_lib
+from easgd.errors import require
 from easgd.infra import sharding
 from easgd.infra.compile import compile_program
 from easgd.rules import AXIS, Rule, TrainState

@@ -9,7 +9,7 @@ from easgd.errors import ConfigError
 from easgd.rules import RULES
 from easgd.train import runtimes, trainer
 from easgd.train.runtimes.rule_runtime import RuleRuntime
-from easgd.train.runtimes.simulated import RuleTrainee
+from easgd.train.runtimes.simulated import SimulatedTrainee
 from runs import config_with, small_config
 
 
@@ -79,7 +79,7 @@ class LockStep(RuleRuntime):
     clock = self.rule.make_clock(self.cluster, self.model_bytes, config.seed, self.sent_bytes)
     if clock_state is not None:
       clock.load_state_dict(clock_state)
-    self.trainees.append(RuleTrainee(self.setup, self.rule, state, clock, resumed_at))
+    self.trainees.append(SimulatedTrainee(self.setup, self.rule, state, clock, resumed_at))
     return self.trainees[-1]
 
 
