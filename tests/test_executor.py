@@ -181,7 +181,10 @@ def test_jobs_on_ray_are_retried_when_lost_and_a_failure_leaves_the_others(tmp_p
   assert not [w for w in caught if "os.fork() was called" in str(w.message)]
   assert [o.status for o in outcomes] == ["done", "failed (ValueError: a broken run)", "diverged"]
   assert not ray.is_initialized()  # the Ray it started is shut down
-  assert sorted(line for line in said if "Ray runs it again" not in line) == [
+  # Each job's line (a retry's and the 30 s progress line, which a slow machine
+  # reaches, aside).
+  ended = [line for line in said if "Ray runs it again" not in line and " queued, " not in line]
+  assert sorted(ended) == [
     "t: killed done",
     f"t: raises failed (ValueError: a broken run); its output: {tmp_path / 'raises' / 'train.log'}",
     "t: stopped diverged",

@@ -99,11 +99,13 @@ def test_a_hung_checkpoint_stops_the_process_and_the_same_command_resumes(tmp_pa
   workdir = tmp_path / "run"
   # The run ends at step 20, whose checkpoint hangs; small_run's is the uninterrupted one.
   run = small_flags({"run.total_steps": 20}, algorithm="sync_easgd")
-  flags = [f"--workdir={workdir}", *run, "--step_timeout=3"]
+  # Every phase's limit after its first (which may compile and gets more): a busy
+  # machine's evaluation or step results stay well inside it.
+  flags = [f"--workdir={workdir}", *run, "--step_timeout=10"]
   hung = Process(str(script), os.path.join(REPO, "train.py"), *flags)
   assert hung.wait(timeout=240) == watchdog.EXIT_HUNG, hung.tail()
-  # Checked every second: found between 3 and 4 s after the phase began.
-  message = r"no progress in the checkpoint of step 20 for [34] s \(limit 3 s"
+  # Checked every second: found 10 s or more after the phase began.
+  message = r"no progress in the checkpoint of step 20 for \d+ s \(limit 10 s"
   assert re.search(message, hung.output())
   assert hung.output().count("no progress in") == 1  # one line
   assert steps_saved(workdir) == [10]

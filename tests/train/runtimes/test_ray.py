@@ -8,7 +8,6 @@ as a cluster the runs connect to does."""
 
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -286,10 +285,9 @@ def test_a_killed_worker_under_stop_and_a_killed_server_stop_the_run_in_one_line
     return operate(self, j, op, tick, position, steps_done)
 
   monkeypatch.setattr(ray_workers.RayWorkers, "_master_operation", kill_server_then_operate)
-  started = time.monotonic()
   with pytest.raises(WorkerFailed, match=r"^server 0's process died") as error:
     trainer.train_and_evaluate(config, str(tmp_path / "server"))
-  assert "\n" not in str(error.value) and time.monotonic() - started < 120
+  assert "\n" not in str(error.value)
   monkeypatch.undo()
 
   # At a cut, a run each: worker 1 killed as the run fetches the evaluation cut of

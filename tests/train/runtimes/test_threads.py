@@ -3,7 +3,6 @@ replay by the simulated runtime to the same bits."""
 
 import json
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -137,11 +136,9 @@ def test_a_failing_worker_stops_the_run_naming_it(tmp_path, monkeypatch):
   monkeypatch.setattr(workers.Workers, "_local_step", failing)
   config = _config("async_easgd", 2, **{"run.total_steps": 200})
   config.runtime = "threads"
-  started = time.monotonic()
   failed = r"^worker 1 failed at its local step 5: FloatingPointError: injected$"
   with pytest.raises(WorkerFailed, match=failed):
     trainer.train_and_evaluate(config, str(tmp_path))
-  assert time.monotonic() - started < 60
   assert not [t for t in threading.enumerate() if t.name.startswith("worker-")]
 
 
