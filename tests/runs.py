@@ -107,7 +107,9 @@ class Process:
   """A command run from the repository, its stdout and stderr collected as it runs.
 
   It leads a process group of its own: once it has ended, `wait` ends what it
-  leaves behind (a run killed with -9 leaves Ray's agent processes running).
+  leaves behind (a run killed with -9 leaves Ray's agent processes running), and
+  a `wait_for` that fails ends the group, so that no later test shares the
+  machine with it.
   """
 
   def __init__(self, *args: str):
@@ -142,9 +144,15 @@ class Process:
         match = re.search(pattern, self.output())
         if match:
           return match
+        self._end_group()
         raise AssertionError(f"exited ({self.popen.returncode}) before {pattern!r}:\n{self.tail()}")
       time.sleep(0.05)
+    self._end_group()
     raise AssertionError(f"no {pattern!r} within {timeout} s:\n{self.tail()}")
+
+  def _end_group(self) -> None:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(self.popen.pid, signal.SIGKILL)
 
   def wait(self, timeout: float) -> int:
     """The exit status; kills the process and fails after `timeout` s."""
@@ -155,8 +163,7 @@ class Process:
       self.popen.wait()
       raise AssertionError(f"still running after {timeout} s:\n{self.tail()}") from None
     finally:
-      with contextlib.suppress(ProcessLookupError):
-        os.killpg(self.popen.pid, signal.SIGKILL)  # what it left in its group
+      self._end_group()  # what it left in its group
     self._reader.join(timeout=5)
     return code
 
