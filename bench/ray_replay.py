@@ -73,10 +73,11 @@ def _train(workdir: str, flags: list[str], kill_worker: int, kill_at: int) -> tu
     if kill_at and pid is not None and step and int(step.group(1)) >= kill_at:
       try:
         os.kill(pid, signal.SIGKILL)
-        done = f"killed worker {kill_worker} (process {pid})"
       except ProcessLookupError:  # the run went on faster than its log was read
-        done = f"worker {kill_worker}'s process {pid} had ended; nothing killed"
-      print(f"{done} at step {step.group(1)}", flush=True)
+        said = f"worker {kill_worker}'s process {pid} had ended; nothing killed"
+      else:
+        said = f"killed worker {kill_worker} (process {pid})"
+      print(f"{said} at step {step.group(1)}", flush=True)
       kill_at = 0
     if "died at its local step" in line or "restarted)" in line:
       print(line.split("] ", 1)[-1].strip(), flush=True)

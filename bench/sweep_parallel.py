@@ -95,7 +95,7 @@ def main():
     times["parallel"] = sweep(args.config, os.path.join(root, "parallel"), args.steps, parallel)
     cluster = Cluster(
       initialize_head=True,
-      head_node_args={"num_cpus": 1, "_system_config": ray_connection.SYSTEM_CONFIG},
+      head_node_args={"num_cpus": 1, "_system_config": ray_connection.system_config()},
     )
     try:
       for _ in range(args.nodes - 1):

@@ -78,25 +78,29 @@ def check(address: str, named: str) -> None:
     )
 
 
-# What a Ray this project starts is told. Ray starts its worker processes at nice 15,
-# below its own, so that it stays responsive; here those processes are the training
-# (runtime=ray's workers and servers, a parallel sweep's points), and at nice 15
-# beside any busy process of the machine they get a few percent of a CPU and all but
-# stop. They run at the priority of the process that started them. A cluster started
-# by `ray start` is told the same by RAY_worker_niceness=0 in each node's environment.
-SYSTEM_CONFIG = {"worker_niceness": 0}
+def system_config() -> dict:
+  """What a Ray this project starts is told (a new dict each time: Ray adds its
+  session's settings to the one it is given).
+
+  Ray starts its worker processes at nice 15, below its own, so that it stays
+  responsive; here those processes are the training (runtime=ray's workers and
+  servers, a parallel sweep's points), and at nice 15 beside any busy process of
+  the machine they get a few percent of a CPU and all but stop. They run at the
+  priority of the process that started them. A cluster started by `ray start` is
+  told the same by RAY_worker_niceness=0 in each node's environment."""
+  return {"worker_niceness": 0}
 
 
 def init(**options) -> None:
   """ray.init(**options); a new Ray on this machine (address "local") with
-  SYSTEM_CONFIG. Ray starts its own processes (fork, then exec at once), and a
+  `system_config()`. Ray starts its own processes (fork, then exec at once), and a
   process where JAX has started warns at every fork that forking a multithreaded
   program may deadlock; a fork followed by exec runs none of the parent's code, so
   that warning, which reads as an error, is left out here."""
   import ray  # noqa: PLC0415
 
   if options.get("address") == "local":
-    options = {"_system_config": SYSTEM_CONFIG, **options}
+    options = {"_system_config": system_config(), **options}
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
     ray.init(**options)

@@ -182,10 +182,10 @@ def write_table(rows, path, command, common_time, total_steps, overrides):
 STYLES = {sizing.SYNC: "-", sizing.LOCKED: "-.", sizing.LOCK_FREE: "--"}
 
 
-def plot(all_scalars, path, title):
+def plot(all_curves, path, title):
   figure, (by_time, by_steps) = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
   colors = plt.get_cmap("tab20").colors
-  for n, (rule, logged) in enumerate(all_scalars.items()):
+  for n, (rule, logged) in enumerate(all_curves.items()):
     accuracy = dict(logged["eval/center_accuracy"])
     steps = sorted(accuracy)
     time = dict(logged["sim/time"])
@@ -317,8 +317,8 @@ def main():
   all_runs = {rule: [] for rule in chosen}
   for (rule, _), (_, workdir, _) in runs.items():
     all_runs[rule].append(scalars.read(workdir))
-  all_scalars = {rule: mean_curves(runs) for rule, runs in all_runs.items()}
-  common_time = min(max(v for _, v in s["sim/time"]) for s in all_scalars.values())
+  all_curves = {rule: mean_curves(runs) for rule, runs in all_runs.items()}
+  common_time = min(max(v for _, v in s["sim/time"]) for s in all_curves.values())
   rows = [summarize(rule, runs, common_time) for rule, runs in all_runs.items()]
   os.makedirs(args.docs, exist_ok=True)
   command = " ".join(["python studies/asynchrony.py", *sys.argv[1:]])
@@ -326,7 +326,7 @@ def main():
   write_table(rows, table, command, common_time, args.total_steps, overrides)
   changed = ", ".join(f"{key}={value}" for key, value in overrides.items()) or "default"
   title = f"LeNet-5 on mnist5k, 8 workers, timing model: {changed} (mean of {args.seeds} seeds)"
-  plot(all_scalars, os.path.join(args.docs, f"{args.name}.png"), title)
+  plot(all_curves, os.path.join(args.docs, f"{args.name}.png"), title)
   with open(table) as written:
     print(written.read())
 

@@ -103,17 +103,12 @@ def config_of(values: dict):
   return config
 
 
-def logged_scalars(workdir: str) -> dict[str, dict[int, float]]:
-  """Every TensorBoard scalar of `workdir`, tag -> {step: value}."""
-  return {tag: dict(points) for tag, points in scalars.read(workdir).items()}
-
-
 def measure_ray(values: dict, workdir: str) -> dict:
   """Trains under runtime=ray; returns its accuracy and seconds at each evaluation,
   and what the timing model needs (easgd.sim.timing)."""
   config = config_of({**values, "runtime": "ray"})
   trainer.train_and_evaluate(config, workdir)
-  logged = logged_scalars(workdir)
+  logged = scalars.by_step(workdir)
   events = trace.read(os.path.join(workdir, trace.FILE)).events
   fast = [w for w in range(config.workers) if w not in config.cluster.stragglers]
   # A step without a request carries its own time; the first ones compile and warm up.
@@ -141,7 +136,7 @@ def measure_sync(values: dict, workdir: str, compute_time: float) -> dict:
   if done.returncode != 0:
     tail = "\n".join(done.stderr.splitlines()[-15:])
     raise SystemExit(f"the sync_easgd launch failed ({done.returncode}):\n{tail}")
-  logged = logged_scalars(workdir)
+  logged = scalars.by_step(workdir)
   rate = logged["train/images_per_sec"]
   batch = default.get_config().data.batch_size
   extra = (max(SLOWDOWNS) - 1.0) * compute_time if values["cluster.stragglers"] else 0.0
@@ -165,7 +160,7 @@ def predict(values: dict, compute: list[float], service: float, workdir: str) ->
     }
   )
   trainer.train_and_evaluate(config, workdir)
-  logged = logged_scalars(workdir)
+  logged = scalars.by_step(workdir)
   return {"accuracy": logged["eval/center_accuracy"], "seconds": logged["sim/time"]}
 
 

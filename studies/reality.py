@@ -65,11 +65,6 @@ def config_for(rule: str, total_steps: int, straggler: bool):
   return config
 
 
-def logged_scalars(workdir: str) -> dict[str, dict[int, float]]:
-  """Every TensorBoard scalar of `workdir`, tag -> {step: value}."""
-  return {tag: dict(points) for tag, points in scalars.read(workdir).items()}
-
-
 class LockStepClock:
   """Times each step of a synchronous run as it executes, sleeping a straggler's extra
   time after it: the wall seconds of a lock-step run, step by step."""
@@ -107,7 +102,7 @@ def measure(rule: str, config, workdir: str) -> dict:
     slowdown = SLOWDOWN if config.cluster.stragglers else 1.0
     with LockStepClock(slowdown) as clock:
       trainer.train_and_evaluate(config, workdir)
-    values = logged_scalars(workdir)
+    values = scalars.by_step(workdir)
     compute = np.asarray(clock.step_seconds[5:])  # after the first steps' warm-up
     return {
       "accuracy": values["eval/center_accuracy"],
@@ -119,7 +114,7 @@ def measure(rule: str, config, workdir: str) -> dict:
     }
   config.runtime = "threads"
   trainer.train_and_evaluate(config, workdir)
-  values = logged_scalars(workdir)
+  values = scalars.by_step(workdir)
   recorded = trace.read(os.path.join(workdir, trace.FILE))
   compute = np.asarray([e.compute for e in recorded.events if e.op == "local" and e.worker == 0])
   services = [e.service for e in recorded.events if e.service > 0]
@@ -149,7 +144,7 @@ def predict(config, measured: dict, workdir: str) -> dict:
   staleness = []
   for _ in range(config.run.total_steps):
     staleness += clock.next_tick().staleness
-  values = logged_scalars(workdir)
+  values = scalars.by_step(workdir)
   return {
     "accuracy": values["eval/center_accuracy"],
     "seconds": values["sim/time"],

@@ -133,7 +133,8 @@ class Process:
     return "".join(self._lines)
 
   def wait_for(self, pattern: str, timeout: float) -> re.Match:
-    """The first match of `pattern` in the output; fails after `timeout` s or at exit."""
+    """The first match of `pattern` in the output; fails, and ends the process group,
+    after `timeout` s or at exit."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
       match = re.search(pattern, self.output())
@@ -175,8 +176,10 @@ def train(workdir, *flags: str) -> Process:
   return Process("train.py", f"--workdir={workdir}", *flags)
 
 
-def launch(workdir, *flags: str, processes: int = 2) -> Process:
-  command = ("-m", "easgd.launch", f"--processes={processes}", "--", "train.py")
+def launch(workdir, *flags: str, processes: int = 2, grace: float | None = None) -> Process:
+  """train.py over `processes` processes (easgd.launch; `grace`: its --grace)."""
+  given = () if grace is None else (f"--grace={grace:g}",)
+  command = ("-m", "easgd.launch", f"--processes={processes}", *given, "--", "train.py")
   return Process(*command, f"--workdir={workdir}", *flags)
 
 

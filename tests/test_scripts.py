@@ -63,7 +63,8 @@ RUNS = {
   ),
   "bench/ray_replay.py": (
     ("--workers=2", "--steps=8", "--every=4", "--kill_worker=1", "--kill_at=4"),
-    r"^step 8: (\d+) of \1 leaves hold the same bytes; largest difference 0$",
+    r"^killed worker 1 \(process \d+\) at step \d+$(.|\n)*"
+    r"^step 8: (\d+) of \2 leaves hold the same bytes; largest difference 0$",
     {},
   ),
   "bench/ray_vs_threads.py": (

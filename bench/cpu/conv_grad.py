@@ -69,14 +69,16 @@ def dw_im2col(x, dy):
 def main():
   parser = arguments.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--xla_defaults", action="store_true", help="compile as jax.jit does")
-  parser.add_argument("--batch_size", type=arguments.integer(1), default=128)
+  parser.add_argument(
+    "--batch_size", type=arguments.integer(1), default=128, help="images a convolution"
+  )
   args = parser.parse_args()
   batch = args.batch_size
   platform = jax.devices()[0].platform
   options = {} if args.xla_defaults else options_for(platform)
 
-  def _compiled(fn, *args):
-    return compile_program(jax.jit(fn).lower(*args), platform, options)
+  def _compiled(fn, *operands):
+    return compile_program(jax.jit(fn).lower(*operands), platform, options)
 
   columns = ("forward", "dx", "dw", "slices", "im2col")
   print(f"{'layer':>22} {'GFLOP':>6} " + " ".join(f"{c:>9}" for c in columns))

@@ -34,6 +34,11 @@ def read(workdir: str) -> dict[str, list[tuple[int, float]]]:
   }
 
 
+def by_step(workdir: str) -> dict[str, dict[int, float]]:
+  """`read(workdir)` as tag -> {step: value}."""
+  return {tag: dict(points) for tag, points in read(workdir).items()}
+
+
 def without_wall_clock(logged: dict[str, list]) -> dict[str, list]:
   """`logged` without the tags that measure wall-clock time: what two runs of the
   same trajectory (a run and its replay, a resumed run and one never stopped)

@@ -101,7 +101,9 @@ def test_preempted_then_killed_over_two_processes_each_time_the_same_command_res
   assert stopped < 30 and steps_saved(tmp_path)[-1] == stopped
   assert output.count("run the same command to resume") == 2
 
-  run = launch(tmp_path, *flags)
+  # Process 0 stops on its own once the heartbeats stop (10 s); the launcher would
+  # kill it only after a grace that no busy machine reaches.
+  run = launch(tmp_path, *flags, grace=RUN_SECONDS)
   pid = int(run.wait_for(r"process 1 \(pid (\d+)\) started", 60).group(1))
   run.wait_for(f"resumed from the checkpoint of step {stopped}", 60)
   after = stopped - stopped % 10 + 10  # the next checkpoint
@@ -109,7 +111,7 @@ def test_preempted_then_killed_over_two_processes_each_time_the_same_command_res
   while not os.path.isdir(tmp_path / "checkpoints" / str(after)) and time.monotonic() < deadline:
     time.sleep(0.02)
   os.kill(pid, signal.SIGKILL)
-  assert run.wait(RUN_SECONDS) != 0
+  assert run.wait(2 * RUN_SECONDS) != 0
   output = run.output()
   assert f"process 1 (pid {pid}) was lost: killed by SIGKILL" in output
   assert "still runs; killing it" not in output  # process 0 stopped on its own

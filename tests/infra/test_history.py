@@ -44,6 +44,7 @@ def kill_after_a_logged_step(workdir, process, step: int) -> None:
   process.wait_for(rf"step {step}/", 120)
   while step not in dict(history(workdir).get("train/loss", ())):
     assert process.popen.poll() is None, process.tail()
+    time.sleep(0.01)  # a poll's interval, leaving the CPU to the run
   process.popen.send_signal(signal.SIGKILL)
   assert process.wait(timeout=30) == -signal.SIGKILL
 

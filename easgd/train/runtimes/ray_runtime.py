@@ -2,7 +2,8 @@
 
 The workers and the servers are Ray actors (easgd.train.runtimes.ray_workers):
 on one machine an embedded Ray that the run starts and ends
-(`ray.init(address="local")`),
+(`ray.init(address="local")`, its processes at the run's priority:
+easgd.ray_connection.system_config),
 on a cluster the one at config.ray.address ("auto": the cluster this node
 joined with `ray start`; '' also reads RAY_ADDRESS). The loop's side is
 runtime=threads' (the trainee below is its trainee with other workers): the

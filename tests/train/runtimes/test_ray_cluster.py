@@ -47,7 +47,7 @@ def test_train_py_on_a_two_node_cluster_survives_kills_and_replays_to_its_bits(t
     head_node_args={
       "num_cpus": 1,
       "include_dashboard": False,
-      "_system_config": ray_connection.SYSTEM_CONFIG,  # as docs/runtimes.md starts one
+      "_system_config": ray_connection.system_config(),  # as docs/runtimes.md starts one
     },
   )
   try:
@@ -86,7 +86,8 @@ def test_an_empty_address_starts_a_ray_of_its_own_beside_a_running_cluster_at_ou
 ):
   """ray.address='' (and no RAY_ADDRESS) is an embedded Ray that the run starts and
   ends, not the cluster `ray start` or ray.cluster_utils last started on the
-  machine, which Ray's own default (address None) joins."""
+  machine, which Ray's own default (address None) joins; its processes run at
+  this process's priority."""
   from easgd.train.runtimes import ray_runtime  # noqa: PLC0415 (after the devices are set)
 
   monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -103,7 +104,9 @@ def test_an_empty_address_starts_a_ray_of_its_own_beside_a_running_cluster_at_ou
 
     # Its processes (the workers and servers) run at this process's priority, not
     # below it as Ray's default (nice 15) would, where a busy machine stops them.
-    assert ray.get(niceness.remote()) == os.nice(0)
+    # (At nice 19 Ray's default, capped there, reads the same: nothing to tell apart.)
+    if os.nice(0) < 19:
+      assert ray.get(niceness.remote()) == os.nice(0)
   finally:
     ray.shutdown()
     cluster.shutdown()
