@@ -33,6 +33,8 @@ def test_preempted_run_resumes_bitwise(tmp_path, monkeypatch, small_run, algorit
   train_and_evaluate = trainer.train_and_evaluate
   config = small_config(algorithm=algorithm)
 
+  # The process's own handler: the default, or one an earlier Ray (ray.init) left.
+  own = signal.getsignal(signal.SIGTERM)
   with monkeypatch.context() as patch:
     _sigterm_at_first_log(patch)
     stopped = train_and_evaluate(config, str(tmp_path / "preempted"))
@@ -41,7 +43,7 @@ def test_preempted_run_resumes_bitwise(tmp_path, monkeypatch, small_run, algorit
   assert 10 <= stop < config.run.total_steps
   assert not any(tag.startswith("eval/") for tag in stopped.metrics)  # no final evaluation
   # SIGTERM is this process's own again.
-  assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+  assert signal.getsignal(signal.SIGTERM) is own
 
   resumed = train_and_evaluate(config, str(tmp_path / "preempted"))
   assert not resumed.preempted
