@@ -33,7 +33,7 @@ from absl import logging
 
 from easgd.arguments import ArgumentParser, integer, number
 from easgd.infra import checkpoint
-from easgd.train.runtimes.ray_runtime import ray_rules
+from easgd.train.runtimes.ray.runtime import ray_rules
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The rules whose momentum the default config leaves at 0 and that need one.

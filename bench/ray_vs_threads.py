@@ -33,7 +33,7 @@ from easgd.configs import default
 from easgd.infra import platform, sharding
 from easgd.train import trainer
 from easgd.train.runtimes import trace
-from easgd.train.runtimes.ray_runtime import RayRuntime
+from easgd.train.runtimes.ray.runtime import RayRuntime
 
 # The backend the runs use, asked before JAX starts (main makes its settings).
 BACKEND = platform.expected_backend()

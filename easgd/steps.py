@@ -22,7 +22,7 @@ from easgd.data import augment as augment_lib
 from easgd.data.datasets import Dataset
 from easgd.infra import sharding
 from easgd.rules import AXIS, LossFn, Rule, TickInputs, TrainState, model_state
-from easgd.rules.base import local_workers
+from easgd.rules.spmd import local_workers
 
 
 def make_normalize(dataset: Dataset) -> Callable[[jax.Array], jax.Array]:

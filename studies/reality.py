@@ -41,7 +41,8 @@ from easgd.configs import default  # noqa: E402
 from easgd.infra import scalars  # noqa: E402
 from easgd.sim import timing  # noqa: E402
 from easgd.train import trainer  # noqa: E402
-from easgd.train.runtimes import simulated, trace  # noqa: E402
+from easgd.train.runtimes import trace  # noqa: E402
+from easgd.train.runtimes.simulated import runtime as simulated  # noqa: E402
 
 TARGET = 0.95
 RULES = ("async_easgd", "hogwild_easgd", "sync_easgd")

@@ -45,7 +45,7 @@ from easgd.models import batch_norm, layers
 from easgd.pipeline import programs as pipeline
 from easgd.rules import AXIS, model_state
 from easgd.sim import ticks
-from easgd.train.runtimes import threads
+from easgd.train.runtimes.threads import runtime as threads
 
 ACCELERATORS = ("cuda", "tpu")
 CPU_ONLY_PATHS = batch_norm.CPU_ONLY_PATHS + layers.CPU_ONLY_PATHS
@@ -438,7 +438,7 @@ def test_the_cpu_compiler_options_go_to_cpu_programs_only():
     assert not options, f"{platform} programs would be compiled with {options}"
 
 
-# The GPUs' own path: the workers' local steps one call per worker (rules.base.map_workers).
+# The GPUs' own path: the workers' local steps one call per worker (rules.spmd.map_workers).
 GPU_ONLY_PATH = "map_unrolled"
 
 

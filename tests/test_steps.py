@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec as P
 from easgd import models, rules, steps
 from easgd.data import datasets
 from easgd.infra import sharding
-from easgd.rules import AXIS, base
+from easgd.rules import AXIS, spmd
 from easgd.sim import timing
 
 
@@ -77,7 +77,7 @@ def test_a_sum_in_worker_order_is_the_same_bits_on_every_layout(num_devices):
   mesh = sharding.make_mesh(num_devices)
   ordered = jax.jit(
     jax.shard_map(
-      lambda x: rules.base.sum_over_workers(x, in_worker_order=True),
+      lambda x: spmd.sum_over_workers(x, in_worker_order=True),
       mesh=mesh,
       in_specs=P(AXIS),
       out_specs=P(),
@@ -108,7 +108,7 @@ def test_the_gpus_worker_by_worker_local_step_equals_the_vmapped_one():
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1))
 
   gradient = jax.value_and_grad(loss)
-  by_worker = jax.jit(lambda *a: base.map_unrolled(gradient, *a))(workers, images, labels)
+  by_worker = jax.jit(lambda *a: spmd.map_unrolled(gradient, *a))(workers, images, labels)
   vmapped = jax.jit(jax.vmap(gradient))(workers, images, labels)
   for a, b in zip(jax.tree.leaves(by_worker), jax.tree.leaves(vmapped), strict=True):
     assert a.shape == b.shape

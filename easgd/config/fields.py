@@ -205,7 +205,7 @@ GROUPS = {
   "CPU workers of 10 ms a step, the slowest 1.5x slower than the fastest, 10% jitter, on "
   "1 Gbit/s Ethernet; the master takes 1 ms a request. Under runtime=threads only the "
   "workers' relative speeds apply, as real delays.",
-  "ray": "runtime=ray (easgd/train/runtimes/ray_runtime.py; docs/runtimes.md): each worker "
+  "ray": "runtime=ray (easgd/train/runtimes/ray/runtime.py; docs/runtimes.md): each worker "
   "a Ray actor process, the center on server actors.",
   "device": "The device, for the planner only (python -m easgd.plan).",
   "run": "How long the run goes, where it runs and what it reports: these may change when a "

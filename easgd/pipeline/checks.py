@@ -9,7 +9,7 @@ import ml_collections
 
 from easgd.errors import require
 from easgd.pipeline.programs import PER_MODEL_FIELDS
-from easgd.rules.parameter_server import ASYNC_LOCAL_OFF
+from easgd.rules.async_local import ASYNC_LOCAL_OFF
 from easgd.rules.streaming import STREAMING_OFF
 
 

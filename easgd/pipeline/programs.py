@@ -52,7 +52,7 @@ from easgd import steps
 from easgd.data import augment as augment_lib
 from easgd.infra import sharding
 from easgd.rules import AXIS, Hyper, LossFn, model_state, optimizers
-from easgd.rules.base import map_workers
+from easgd.rules.spmd import map_workers
 
 
 @struct.dataclass

@@ -11,8 +11,9 @@ import ml_collections
 
 from easgd.errors import require
 from easgd.models import BATCH_NORM_MODELS
-from easgd.rules.base import DEFAULT_BETA, Momentum, Pull, Rule
-from easgd.rules.parameter_server import ASYNC_LOCAL_OFF
+from easgd.rules.async_local import ASYNC_LOCAL_OFF
+from easgd.rules.base import Momentum, Pull, Rule
+from easgd.rules.hyper import DEFAULT_BETA
 from easgd.rules.registry import RULES
 from easgd.rules.streaming import STREAMING_OFF
 

@@ -45,23 +45,10 @@ import optax
 from jax import lax
 
 from easgd.rules import exchange, model_state, optimizers
-from easgd.rules.base import (
-  AXIS,
-  BASE_READS,
-  ELASTIC_READS,
-  MOMENTUM_DEFAULTS,
-  Momentum,
-  Pull,
-  Rule,
-  exchange_key,
-  initial_state,
-  local_update,
-  local_workers,
-  shifted,
-  stack_workers,
-  step_metrics,
-  sum_over_workers,
-)
+from easgd.rules.base import BASE_READS, ELASTIC_READS, MOMENTUM_DEFAULTS, Momentum, Pull, Rule
+from easgd.rules.local import local_update, shifted, step_metrics
+from easgd.rules.spmd import AXIS, exchange_key, local_workers, sum_over_workers
+from easgd.rules.state import initial_state, stack_workers
 
 OUTER_READS = ("outer.optimizer", "outer.learning_rate", "outer.momentum", "outer.nesterov")
 

@@ -24,10 +24,7 @@ rate, G_j: gradients accumulated since worker j's last request):
     Local steps before the request are x_j <- x_j - eta*g_j(x_j),
     G_j <- G_j + g_j (Dean et al. 2012's Downpour client; with one local step
     per request the local update is overwritten by the fetch: Async SGD).
-  Asynchronous Local SGD (async_local_sgd), with a_j the center worker j last fetched:
-      Delta_j = -Q(x_j - a_j);  u, s <- delayed_nesterov.update(Delta_j, s);
-      x~ <- x~ + u;  x_j <- x~;  a_j <- x~
-    Local steps before the request are x_j <- x_j + u_j of its inner optimizer.
+  Asynchronous Local SGD (async_local_sgd): its master in easgd.rules.async_local.
 BatchNorm statistics (easgd.rules.model_state) are part of x_j and x~: the EASGD
 family's e moves them like the parameters, and the SGD family accumulates
 their local changes in G_j and adds them to x~ as they are (the server
@@ -42,7 +39,6 @@ interleave read the same snapshot and all their increments are added.
 """
 
 import dataclasses
-import math
 import types
 from typing import ClassVar
 
@@ -53,37 +49,15 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from easgd.rules import exchange, model_state, optimizers
-from easgd.rules.base import (
-  AXIS,
-  BASE_READS,
-  ELASTIC_READS,
-  MOMENTUM_DEFAULTS,
-  Momentum,
-  Pull,
-  Rule,
-  TrainState,
-  decayed,
-  exchange_key,
-  initial_state,
-  local_update,
-  shifted,
-  stack_workers,
-)
+from easgd.rules.base import BASE_READS, ELASTIC_READS, MOMENTUM_DEFAULTS, Momentum, Pull, Rule
+from easgd.rules.local import decayed, local_update, shifted
+from easgd.rules.spmd import AXIS, exchange_key
+from easgd.rules.state import TrainState, initial_state, stack_workers
 from easgd.sim import clocks, ticks, timing
 
-# The fields of async_local_sgd alone (outer.*), and their values that leave it out:
-# what a rule that does not read them needs.
-ASYNC_LOCAL_READS = (
-  "outer.momentum_period",
-  "outer.momentum_activation",
-  "outer.dynamic_local_steps",
-)
-ASYNC_LOCAL_OFF = types.MappingProxyType(
-  {"momentum_period": 1, "momentum_activation": 0.0, "dynamic_local_steps": False}
-)
 
-
-def _index(tree, j):
+def row(tree, j):
+  """Worker j's row of a [workers]-stacked tree."""
   return jax.tree.map(lambda leaf: leaf[j], tree)
 
 
@@ -94,7 +68,8 @@ def _where_rows(rows, new, old):
   )
 
 
-def _set(tree, j, value):
+def with_row(tree, j, value):
+  """The stacked tree with worker j's row replaced by `value`."""
   return jax.tree.map(lambda leaf, v: leaf.at[j].set(v), tree, value)
 
 
@@ -106,7 +81,7 @@ class ParameterServerRule(Rule):
   # with zeroed request fields (`serve_reset`).
   ray = True
   # Whether the tick program serves RESETs: a replay of a runtime=ray trace in which
-  # worker processes joined or left (easgd.train.runtimes.simulated sets it).
+  # worker processes joined or left (easgd.train.runtimes.simulated.runtime sets it).
   resets = False
   # elastic: EASGD exchange (True) or push/pull of gradients (False)
 
@@ -173,7 +148,7 @@ class ParameterServerRule(Rule):
     Returns (workers, worker_opt, deferred, loss, accuracy); the elastic rules
     apply their step after the master's operations (`apply_deferred`), the
     others defer none (None). The threads runtime
-    (easgd.train.runtimes.threads) calls it for one worker at a time.
+    (easgd.train.runtimes.threads.runtime) calls it for one worker at a time.
     """
     hyper = self.hyper
 
@@ -229,18 +204,18 @@ class ParameterServerRule(Rule):
     center, center_opt, shared = carry
     dtype = self.hyper.exchange_dtype
     if self.elastic:
-      x = _index(shared["workers"], j)
+      x = row(shared["workers"], j)
       increment = model_state.exchanged(
         jax.tree.map(lambda xj, c: self.hyper.moving_rate * (xj - c), x, center),
         self.hyper.average_stats,
       )
       shared = dict(
-        shared, workers=_set(shared["workers"], j, jax.tree.map(jnp.subtract, x, increment))
+        shared, workers=with_row(shared["workers"], j, jax.tree.map(jnp.subtract, x, increment))
       )
       # The worker moves by its exact e; the master receives Q(e).
       increment = exchange.compress(increment, dtype, key)
     else:
-      accum = exchange.compress(_index(shared["accum"], j), dtype, key)
+      accum = exchange.compress(row(shared["accum"], j), dtype, key)
       params, center_opt = self.server_optimizer().update(
         model_state.trainable(accum), center_opt, model_state.trainable(center)
       )
@@ -252,33 +227,31 @@ class ParameterServerRule(Rule):
       )
       fetched = optax.apply_updates(center, increment)
       if model_state.has_stats(fetched) and not self.hyper.average_stats:
-        fetched = dict(
-          fetched, **{model_state.STATS: _index(shared["workers"], j)[model_state.STATS]}
-        )
+        fetched = dict(fetched, **{model_state.STATS: row(shared["workers"], j)[model_state.STATS]})
       shared = dict(
         shared,
-        workers=_set(shared["workers"], j, fetched),
-        accum=_set(shared["accum"], j, jax.tree.map(jnp.zeros_like, increment)),
+        workers=with_row(shared["workers"], j, fetched),
+        accum=with_row(shared["accum"], j, jax.tree.map(jnp.zeros_like, increment)),
       )
     if locked:
       center = optax.apply_updates(center, increment)
     else:
-      shared = dict(shared, pending=_set(shared["pending"], j, increment))
+      shared = dict(shared, pending=with_row(shared["pending"], j, increment))
     return center, center_opt, shared
 
   def serve_write(self, carry, j):
     """Hogwild's WRITE of worker j: x~ <- x~ + its pending increment."""
     center, center_opt, shared = carry
-    return optax.apply_updates(center, _index(shared["pending"], j)), center_opt, shared
+    return optax.apply_updates(center, row(shared["pending"], j)), center_opt, shared
 
   def serve_reset(self, carry, j):
     """Worker j's process joins or leaves (runtime=ray): its row restarts from the
     center, x_j <- x~, its request fields zero (its optimizer state: `step`)."""
     center, center_opt, shared = carry
-    shared = dict(shared, workers=_set(shared["workers"], j, center))
+    shared = dict(shared, workers=with_row(shared["workers"], j, center))
     for field in self.request_fields():
-      zeros = jax.tree.map(jnp.zeros_like, _index(shared[field], j))
-      shared[field] = _set(shared[field], j, zeros)
+      zeros = jax.tree.map(jnp.zeros_like, row(shared[field], j))
+      shared[field] = with_row(shared[field], j, zeros)
     return center, center_opt, shared
 
   def serve(self, tick, key, start, carry):
@@ -501,99 +474,3 @@ class Downpour(AsyncSGD):
     if self.hyper.server_optimizer == "adagrad":
       return optax.adagrad(1.0)
     return optax.sgd(1.0)
-
-
-class AsyncLocalSGD(ParameterServerRule):
-  """Asynchronous Local SGD (Liu et al. 2024, "Asynchronous Local-SGD Training for
-  Language Modeling", arXiv 2401.09135): each worker takes H = comm_period local
-  steps of its inner optimizer, pushes its pseudo-gradient, and fetches the center,
-  at its own pace; the master applies each push as it arrives, first come first
-  served. With a_j the center worker j fetched last (its anchor):
-      Delta_j = -Q(x_j - a_j) = a_j - x_j (float32)
-      u, s <- DN.update(Delta_j, s);  x~ <- x~ + u;  x_j <- x~;  a_j <- x~
-  DN is Delayed Nesterov (`optimizers.delayed_nesterov`: eta_o, beta = outer.momentum,
-  N = outer.momentum_period, c = outer.momentum_activation); N = 1 is the
-  asynchronous Nesterov baseline. Dynamic local updates (DyLU,
-  outer.dynamic_local_steps) give worker w H_w = max(1, floor(H * v_w / max_k v_k))
-  local steps between pushes, v_w = 1/T_w its speed in the timing model, T_w its
-  mean step time (`periods`). With one worker and N = 1 the run is diloco's (to float rounding).
-  BatchNorm statistics: their change since the anchor is added to the center's as
-  it is (averaged), or never sent (local).
-  """
-
-  name = "async_local_sgd"
-  policy = clocks.Policy.FCFS
-  elastic = False
-  momentum = Momentum.OPTIONAL
-  nesterov = True
-  # N = 8, the default config's workers: N pushes then carry about one of each
-  # worker, as one synchronous outer step does. At N = 1 the default config's
-  # eta_o = 0.7 diverged (center accuracy 0.1 at step 100 of a run of 100); at
-  # N = 8 it ended at 0.975 (python bench/rule_defaults.py; bench/README.md).
-  defaults = types.MappingProxyType({"outer.momentum_period": 8})
-  reads = (
-    *BASE_READS,
-    "outer.comm_period",
-    "outer.learning_rate",
-    "outer.momentum",
-    *ASYNC_LOCAL_READS,
-    "outer.batch_stats",
-  )
-
-  @property
-  def period(self):
-    return self.hyper.comm_period
-
-  def periods(self, cluster):
-    """H for every worker, or DyLU's H_w = max(1, floor(H * T_min / T_w))."""
-    if not self.hyper.dynamic_local_steps:
-      return super().periods(cluster)
-    times = cluster.mean_step_times(self.hyper.num_workers)
-    # The speed ratio up to rounding: a worker exactly k times slower gets H/k.
-    return tuple(max(1, math.floor(self.period * times.min() / time + 1e-9)) for time in times)
-
-  def server_optimizer(self):
-    hyper = self.hyper
-    return optimizers.delayed_nesterov(
-      hyper.outer_learning_rate,
-      hyper.outer_momentum,
-      hyper.momentum_period,
-      hyper.momentum_activation,
-    )
-
-  def request_fields(self):
-    return ("anchor",)
-
-  # A joining worker's anchor would be the center, not zero: runtime=ray leaves it out.
-  ray = False
-
-  def init(self, params, rng):
-    state = super().init(params, rng)
-    # Every worker starts from the center: its first anchor.
-    return state.replace(worker_opt=dict(state.worker_opt, anchor=state.workers))
-
-  def serve_read(self, carry, j, key, locked: bool):
-    """Worker j's push and fetch (see the class docstring), under the lock."""
-    del locked  # fcfs: always
-    center, center_opt, shared = carry
-    hyper = self.hyper
-    x, anchor = _index(shared["workers"], j), _index(shared["anchor"], j)
-    change = model_state.exchanged(jax.tree.map(jnp.subtract, x, anchor), hyper.average_stats)
-    sent = exchange.compress(change, hyper.exchange_dtype, key)
-    delta = jax.tree.map(jnp.negative, model_state.trainable(sent))
-    params = model_state.trainable(center)
-    updates, center_opt = self.server_optimizer().update(delta, center_opt, params)
-    center = model_state.with_trainable(center, optax.apply_updates(params, updates))
-    fetched = center
-    if model_state.has_stats(center):
-      # Running statistics are added as they changed, not optimized.
-      stats = jax.tree.map(jnp.add, center[model_state.STATS], sent[model_state.STATS])
-      center = fetched = dict(center, **{model_state.STATS: stats})
-      if not hyper.average_stats:
-        fetched = dict(fetched, **{model_state.STATS: x[model_state.STATS]})
-    shared = dict(
-      shared,
-      workers=_set(shared["workers"], j, fetched),
-      anchor=_set(shared["anchor"], j, fetched),
-    )
-    return center, center_opt, shared

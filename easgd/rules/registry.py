@@ -4,8 +4,9 @@ A new rule is one class (declaring what it accepts, see `easgd.rules.base.Rule`)
 and one line here.
 """
 
-from easgd.rules import outer, parameter_server, streaming, sync
-from easgd.rules.base import Hyper, Momentum, Rule
+from easgd.rules import async_local, outer, parameter_server, streaming, sync
+from easgd.rules.base import Momentum, Rule
+from easgd.rules.hyper import Hyper
 from easgd.sim.clocks import Policy
 
 RULES: dict[str, type[Rule]] = {
@@ -22,7 +23,7 @@ RULES: dict[str, type[Rule]] = {
     parameter_server.AsyncMSGD,
     parameter_server.HogwildSGD,
     parameter_server.Downpour,
-    parameter_server.AsyncLocalSGD,
+    async_local.AsyncLocalSGD,
     outer.DiLoCo,
     outer.LocalSGD,
     outer.Lookahead,

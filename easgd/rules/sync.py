@@ -9,17 +9,10 @@ import optax
 from jax import lax
 
 from easgd.rules import exchange, model_state
-from easgd.rules.base import (
-  AXIS,
-  Momentum,
-  Rule,
-  exchange_key,
-  initial_state,
-  local_workers,
-  stack_workers,
-  step_metrics,
-  sum_over_workers,
-)
+from easgd.rules.base import Momentum, Rule
+from easgd.rules.local import step_metrics
+from easgd.rules.spmd import AXIS, exchange_key, local_workers, sum_over_workers
+from easgd.rules.state import initial_state, stack_workers
 
 
 class SyncSGD(Rule):

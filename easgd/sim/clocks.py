@@ -103,7 +103,7 @@ class LogWindow:
 class RunTotals:
   """What a run's workers did so far (sim/time, worker steps, requests, bytes), as
   the reports read it and a checkpoint saves it: simulated by a `Clock`, or
-  measured (easgd.train.runtimes.live_clock)."""
+  measured (easgd.train.runtimes.threads.live_clock)."""
 
   def __init__(self, num_workers: int):
     self.time = 0.0

@@ -19,7 +19,8 @@ import tiers
 import numpy_reference
 from easgd import evaluation, rules, steps
 from easgd.infra import sharding
-from easgd.rules import AXIS, base, model_state
+from easgd.rules import AXIS, model_state
+from easgd.rules.state import stack_workers
 from easgd.sim import timing
 
 FEATURES, CLASSES, BATCH = 6, 3, 8
@@ -237,7 +238,7 @@ def keeps_or_averages_statistics(name, average_stats, nesterov=False, **streamin
 
 def test_statistics_are_left_out_of_the_consensus_distance():
   tree = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), initial_tree())
-  workers = base.stack_workers(tree, 2)
+  workers = stack_workers(tree, 2)
   shifted = dict(
     workers, batch_stats=jax.tree.map(lambda leaf: leaf + 100.0, workers["batch_stats"])
   )

@@ -19,9 +19,9 @@ from easgd.config import schema
 from easgd.errors import ConfigError
 from easgd.train.runtimes.base import Runtime
 from easgd.train.runtimes.pipeline import PipelineRuntime
-from easgd.train.runtimes.ray_runtime import RayRuntime
-from easgd.train.runtimes.simulated import SimulatedRuntime
-from easgd.train.runtimes.threads import ThreadsRuntime
+from easgd.train.runtimes.ray.runtime import RayRuntime
+from easgd.train.runtimes.simulated.runtime import SimulatedRuntime
+from easgd.train.runtimes.threads.runtime import ThreadsRuntime
 
 RUNTIMES: dict[str, type[Runtime]] = {
   runtime.name: runtime

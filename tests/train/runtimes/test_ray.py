@@ -16,7 +16,9 @@ from easgd import ray_connection
 from easgd.errors import ConfigError, WorkerFailed
 from easgd.infra import scalars, sharding
 from easgd.train import trainer
-from easgd.train.runtimes import ray_runtime, ray_workers, trace
+from easgd.train.runtimes import trace
+from easgd.train.runtimes.ray import runtime as ray_runtime
+from easgd.train.runtimes.ray import workers as ray_workers
 from runs import assert_same_bits, assert_same_scalars, config_with, steps_saved
 
 ray = pytest.importorskip("ray")

@@ -88,7 +88,7 @@ def test_an_empty_address_starts_a_ray_of_its_own_beside_a_running_cluster_at_ou
   ends, not the cluster `ray start` or ray.cluster_utils last started on the
   machine, which Ray's own default (address None) joins; its processes run at
   this process's priority."""
-  from easgd.train.runtimes import ray_runtime  # noqa: PLC0415 (after the devices are set)
+  from easgd.train.runtimes.ray import runtime as ray_runtime  # noqa: PLC0415 (after the devices are set)
 
   monkeypatch.delenv("RAY_ADDRESS", raising=False)
   cluster = cluster_utils.Cluster(

@@ -11,8 +11,8 @@ import pytest
 
 import numpy_optim
 from easgd.rules import Hyper, make_rule
-from easgd.train.runtimes.live_clock import LiveClock
 from easgd.train.runtimes.rule_runtime import RuleReports, mean_learning_rate
+from easgd.train.runtimes.threads.live_clock import LiveClock
 from runs import config_with
 
 ETA, WARMUP, TOTAL = 0.1, 4, 20

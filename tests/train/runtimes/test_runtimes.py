@@ -9,7 +9,7 @@ from easgd.errors import ConfigError
 from easgd.rules import RULES
 from easgd.train import runtimes, trainer
 from easgd.train.runtimes.rule_runtime import RuleRuntime
-from easgd.train.runtimes.simulated import SimulatedTrainee
+from easgd.train.runtimes.simulated.runtime import SimulatedTrainee
 from runs import config_with, small_config
 
 
@@ -135,7 +135,7 @@ def test_deterministic_sums_size_the_cpu_thread_pool_by_the_run(algorithm, overr
 def test_runtime_ray_without_the_package_ray_is_refused_in_one_line(monkeypatch):
   import importlib.util  # noqa: PLC0415
 
-  from easgd.train.runtimes.ray_runtime import RayRuntime  # noqa: PLC0415
+  from easgd.train.runtimes.ray.runtime import RayRuntime  # noqa: PLC0415
 
   find_spec = importlib.util.find_spec
   monkeypatch.setattr(
@@ -151,7 +151,7 @@ def test_runtime_ray_without_the_package_ray_is_refused_in_one_line(monkeypatch)
 def test_a_ray_started_here_has_the_gpus_cuda_visible_devices_shows(monkeypatch):
   from ray._private import accelerators  # noqa: PLC0415
 
-  from easgd.train.runtimes import ray_runtime  # noqa: PLC0415
+  from easgd.train.runtimes.ray import runtime as ray_runtime  # noqa: PLC0415
 
   manager = accelerators.get_accelerator_manager_for_resource("GPU")
   monkeypatch.setattr(manager, "get_current_node_num_accelerators", lambda: 2)

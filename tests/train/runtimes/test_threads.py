@@ -10,7 +10,8 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from easgd.errors import ConfigError, WorkerFailed
 from easgd.train import trainer
-from easgd.train.runtimes import trace, workers
+from easgd.train.runtimes import trace
+from easgd.train.runtimes.threads import workers
 from runs import (
   REPO,
   assert_same_bits,
@@ -259,7 +260,7 @@ def test_a_preemption_with_the_workers_at_the_next_log_logs_it_and_resumes_as_th
   and saves step 24 as a run never stopped does, and once resumed has logged and
   saved what the replay of its trace does."""
   from easgd.train import loop  # noqa: PLC0415
-  from easgd.train.runtimes import threads  # noqa: PLC0415
+  from easgd.train.runtimes.threads import runtime as threads  # noqa: PLC0415
 
   pools = []
   made = threads.ThreadsTrainee.__init__

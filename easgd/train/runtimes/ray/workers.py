@@ -1,12 +1,12 @@
 """The workers of runtime=ray: a process each (a Ray actor), and the servers they share.
 
-The coordination is runtime=threads' (easgd.train.runtimes.workers.Workers):
+The coordination is runtime=threads' (easgd.train.runtimes.threads.workers.Workers):
 this process keeps a thread per worker, which drives its worker's process
 and waits for nobody, the master's disciplines (first come first served,
 round robin, Hogwild's READ and WRITE), the packing of events into ticks,
 the limit the workers park at, and the trace. What changes is where the
 arrays are: each worker's row lives in its own process
-(easgd.train.runtimes.ray_actors.WorkerProcess), on its own device, and the
+(easgd.train.runtimes.ray.actors.WorkerProcess), on its own device, and the
 center in S server processes (ServerProcess), split by parameter blocks. A
 request's row goes from the worker's process to every server through Ray's
 object store, and the answers straight back: only small numbers (and, for a
@@ -34,7 +34,7 @@ operation of the cut's own tick ("cut" in easgd.train.runtimes.trace), and the
 cut's state has it restarted from the cut's center, as the replay has.
 
 Every answer of a worker's process carries the incarnation it comes from
-(easgd.train.runtimes.ray_actors): an answer of a process Ray restarted since
+(easgd.train.runtimes.ray.actors): an answer of a process Ray restarted since
 the run last knew it is a loss, like a call that fails, and the servers refuse
 its requests, so the run uses nothing a process computed from its
 constructor's row. A server process that dies stops the run in one line,
@@ -51,7 +51,7 @@ from absl import logging
 from easgd import arguments
 from easgd.sim.ticks import OpKind
 from easgd.train.runtimes import trace as trace_lib
-from easgd.train.runtimes.workers import Workers, _Stop
+from easgd.train.runtimes.threads.workers import Workers, _Stop
 
 # Seconds between checks that a worker's restarted process is up.
 RESTART_POLL = 0.2
@@ -84,14 +84,14 @@ class RayWorkers(Workers):
   def __init__(self, actors, servers, blocks, fresh_opt, on_loss: str, *args, **kwargs):
     """actors: each worker's WorkerProcess handle (None for a worker gone for good);
     servers: the ServerProcess handles; blocks: their split of the center
-    (ray_actors.Blocks); fresh_opt: a joining worker's optimizer state, as NumPy;
+    (actors.Blocks); fresh_opt: a joining worker's optimizer state, as NumPy;
     the rest: Workers'."""
     super().__init__(*args, **kwargs)
     self.actors, self.servers, self.blocks = actors, servers, blocks
     self.fresh_opt, self.on_loss = fresh_opt, on_loss
     self.held: list = []  # what the worker processes are built from, while they may restart
     self.unvalued: dict[int, int] = {}  # worker -> its traced step lost before its values
-    # Each worker's process as the run knows it (ray_actors.WorkerProcess.where);
+    # Each worker's process as the run knows it (actors.WorkerProcess.where);
     # None from its loss until its restarted process answers.
     self.incarnations: list[str | None] = [None] * self.num_workers
     self.rowless: set[int] = set()  # workers lost whose join or leave is still to come

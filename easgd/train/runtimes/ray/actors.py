@@ -1,10 +1,10 @@
 """The processes of runtime=ray: a worker's and a server's, and how the center's
 parameter blocks are split over the servers.
 
-Each is a plain class that `easgd.train.runtimes.ray_workers` starts as a Ray
+Each is a plain class that `easgd.train.runtimes.ray.workers` starts as a Ray
 actor (one call at a time). Arrays cross between processes as NumPy, through
 Ray's object store; each process builds runtime=threads' programs
-(easgd.train.runtimes.threads.programs) from the run's configuration and its
+(easgd.train.runtimes.threads.runtime.programs) from the run's configuration and its
 dataset's statistics (`Recipe`: functions are not sent, as the models'
 custom gradients do not pickle), places the arrays on its own device and runs
 them, so that a replay of the trace reaches the same bits.
@@ -24,7 +24,7 @@ arguments: the row the run started or resumed with). Every answer carries it,
 and the servers
 refuse a request whose sender is not the incarnation the driver expects, so
 that nothing a restarted process computed from its constructor's row is taken
-for the row of the process that died (easgd.train.runtimes.ray_workers).
+for the row of the process that died (easgd.train.runtimes.ray.workers).
 
 Ray itself is imported where it is used, inside an actor: the module, its
 classes plain, imports without it.
@@ -44,7 +44,7 @@ from easgd import models, steps
 from easgd.data import augment as augment_lib
 from easgd.infra.compile import compile_program
 from easgd.rules import Hyper, make_rule, model_state
-from easgd.train.runtimes.threads import LOCAL_SPECS, MASTER_SPECS, on_device, programs
+from easgd.train.runtimes.threads.runtime import LOCAL_SPECS, MASTER_SPECS, on_device, programs
 
 
 @dataclasses.dataclass(frozen=True)

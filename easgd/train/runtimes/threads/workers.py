@@ -25,7 +25,7 @@ commits, by the simulated runtime's packer (easgd.sim.events), and written
 to the trace (easgd.train.runtimes.trace). A worker commits only events that fall
 in a tick <= `limit`; it waits ("parks") before the next one. When every
 worker is parked the state is a consistent cut of that tick: every worker
-between two steps, the master idle (easgd.train.runtimes.threads uses it).
+between two steps, the master idle (easgd.train.runtimes.threads.runtime uses it).
 
 Stragglers: cluster.speed_spread and cluster.stragglers become real delays
 (a worker c_i/c_min times slower than the fastest sleeps (c_i/c_min - 1)
@@ -46,7 +46,7 @@ from easgd.errors import WorkerFailed
 from easgd.rules import Rule
 from easgd.sim import clocks
 from easgd.train.runtimes import trace as trace_lib
-from easgd.train.runtimes.live_clock import LiveClock
+from easgd.train.runtimes.threads.live_clock import LiveClock
 
 # Seconds between the loop's checks for a failed worker while it waits.
 POLL = 0.05
@@ -375,7 +375,7 @@ class Workers:
     return (j + 1) % self.num_workers
 
   # Where the workers' rows and the center are: on this host's devices. A runtime
-  # whose workers are elsewhere (easgd.train.runtimes.ray_workers) overrides these.
+  # whose workers are elsewhere (easgd.train.runtimes.ray.workers) overrides these.
 
   def _local_step(self, j: int, step: int) -> tuple[float, float]:
     """Worker j's local step `step` at x_j, kept; returns its (loss, accuracy)."""

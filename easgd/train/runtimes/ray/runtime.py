@@ -1,6 +1,6 @@
 """runtime=ray: the parameter-server rules with every worker in a process of its own.
 
-The workers and the servers are Ray actors (easgd.train.runtimes.ray_workers):
+The workers and the servers are Ray actors (easgd.train.runtimes.ray.workers):
 on one machine an embedded Ray that the run starts and ends
 (`ray.init(address="local")`, its processes at the run's priority:
 easgd.ray_connection.system_config),
@@ -24,15 +24,16 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+import easgd
 from easgd import ray_connection
 from easgd.errors import ConfigError, require
 from easgd.infra import platform, sharding
 from easgd.rules import RULES, Hyper, make_rule
 from easgd.train.runtimes.rule_runtime import parameter_server_rules
-from easgd.train.runtimes.threads import ThreadsRuntime, ThreadsTrainee
+from easgd.train.runtimes.threads.runtime import ThreadsRuntime, ThreadsTrainee
 
 # The root that holds the easgd package: the actors' processes import it from there.
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(easgd.__file__)))
 
 
 def ray_rules() -> tuple[str, ...]:
@@ -136,7 +137,8 @@ class RayTrainee(ThreadsTrainee):
   def _workers(self, rule, setup, rows, clock, trace, pacing):
     import ray  # noqa: PLC0415 (module docstring)
 
-    from easgd.train.runtimes import ray_actors, ray_workers  # noqa: PLC0415 (they import ray)
+    from easgd.train.runtimes.ray import actors as ray_actors  # noqa: PLC0415 (they import ray)
+    from easgd.train.runtimes.ray import workers as ray_workers  # noqa: PLC0415
 
     config = setup.config
     dataset = setup.dataset

@@ -21,6 +21,7 @@ from easgd.sim import clocks, ticks
 from easgd.train import setup as setup_lib
 from easgd.train.runtimes import trace
 from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime, parameter_server_rules
+from easgd.train.runtimes.simulated import replay_clock
 
 
 class SimulatedTrainee(RuleReports):
@@ -128,7 +129,7 @@ class SimulatedRuntime(RuleRuntime):
       # program serves their RESETs too.
       resets = (kind == ticks.OpKind.RESET for tick in replayed for kind, _ in tick.ops)
       self.rule.resets = any(resets)
-      clock = trace.ReplayClock(
+      clock = replay_clock.ReplayClock(
         replayed, self.cluster, self.model_bytes, config.seed, self.sent_bytes
       )
     else:

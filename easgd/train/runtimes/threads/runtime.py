@@ -1,6 +1,6 @@
 """runtime=threads: the parameter-server rules run for real on one host.
 
-The workers (easgd.train.runtimes.workers) run in threads of their own; this
+The workers (easgd.train.runtimes.threads.workers) run in threads of their own; this
 module is their side of the training loop (easgd.train.loop). The loop's step s is tick
 s - 1 of the events as they commit (ticks count from 0, as the simulated
 runtime's), and the loop keeps pace with the leading worker. The workers'
@@ -33,14 +33,14 @@ from easgd.errors import require
 from easgd.infra import sharding
 from easgd.infra.compile import compile_program
 from easgd.rules import AXIS, Rule, TrainState
-from easgd.rules.base import exchange_key
+from easgd.rules.spmd import exchange_key
 from easgd.sim import timing
 from easgd.train import loop
 from easgd.train import setup as setup_lib
 from easgd.train.runtimes import trace as trace_lib
-from easgd.train.runtimes.live_clock import LiveClock
 from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime, parameter_server_rules
-from easgd.train.runtimes.workers import Rows, Workers
+from easgd.train.runtimes.threads.live_clock import LiveClock
+from easgd.train.runtimes.threads.workers import Rows, Workers
 
 
 def programs(rule: Rule, loss_fn, batch_size: int, augment):
