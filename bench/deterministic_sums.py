@@ -22,7 +22,7 @@ from throughput import timed  # noqa: E402 (bench/throughput.py, beside this scr
 
 from easgd import models, rules, steps  # noqa: E402
 from easgd.arguments import ArgumentParser, integer  # noqa: E402
-from easgd.data import datasets  # noqa: E402
+from easgd.data import batches, datasets  # noqa: E402
 from easgd.infra import sharding  # noqa: E402
 from easgd.infra.compile import compile_program  # noqa: E402
 from easgd.rules import AXIS  # noqa: E402
@@ -46,7 +46,7 @@ def main():
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
   loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
   mesh = sharding.make_mesh(8)
-  partitions = datasets.partition(dataset.train_images, dataset.train_labels, args.workers, 0)
+  partitions = batches.partition(dataset.train_images, dataset.train_labels, args.workers, 0)
   images, labels = (sharding.place(mesh, array, P(AXIS)) for array in partitions)
   platform = jax.devices()[0].platform
   images_per_step = args.workers * args.batch_size

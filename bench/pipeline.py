@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from easgd import models, rules, steps  # noqa: E402
 from easgd.arguments import ArgumentParser, integer  # noqa: E402
-from easgd.data import datasets  # noqa: E402
+from easgd.data import batches, datasets  # noqa: E402
 from easgd.infra import hlo, sharding  # noqa: E402
 from easgd.infra.compile import compile_program  # noqa: E402
 from easgd.pipeline import programs  # noqa: E402
@@ -113,7 +113,7 @@ def main():
   results = {}
 
   # The pipeline, and (b): its local steps on the replicated training set, no moves.
-  partitions = datasets.partition(dataset.train_images, dataset.train_labels, num_devices, 0)
+  partitions = batches.partition(dataset.train_images, dataset.train_labels, num_devices, 0)
   replicated = tuple(
     np.broadcast_to(array[None], (num_devices, *array.shape))
     for array in (dataset.train_images, dataset.train_labels)

@@ -32,6 +32,7 @@ import numpy as np
 from easgd import models, plan, steps
 from easgd.arguments import ArgumentParser, integer
 from easgd.configs import default
+from easgd.data import batches
 from easgd.infra import sharding
 from easgd.rules import model_state
 
@@ -64,7 +65,7 @@ def measure(model_name: str, batch_size: int, num_steps: int) -> dict:
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (shape.train_examples, *shape.image_shape), dtype=np.uint8)
   labels = rng.integers(0, 10, shape.train_examples).astype(np.int32)
-  train_images, train_labels = sharding.place_partitions(mesh, images, labels, 1, 0)
+  train_images, train_labels = batches.place_partitions(mesh, images, labels, 1, 0)
   arguments = sum(x.nbytes for x in jax.tree.leaves((state, train_images, train_labels)))
   del images, labels
   gc.collect()

@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from easgd import models, rules, steps  # noqa: E402
 from easgd.arguments import ArgumentParser, integer, some_of  # noqa: E402
 from easgd.configs import default  # noqa: E402
-from easgd.data import datasets  # noqa: E402
+from easgd.data import batches, datasets  # noqa: E402
 from easgd.infra import sharding  # noqa: E402
 from easgd.infra.compile import compile_program  # noqa: E402
 from easgd.rules import AXIS  # noqa: E402
@@ -136,7 +136,7 @@ def main():
   cluster = timing.Cluster.from_config(config.cluster)
   model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
   mesh = sharding.make_mesh(8)
-  partitions = datasets.partition(dataset.train_images, dataset.train_labels, args.workers, 0)
+  partitions = batches.partition(dataset.train_images, dataset.train_labels, args.workers, 0)
   images, labels = (sharding.place(mesh, array, P(AXIS)) for array in partitions)
   plain = rules.plain(policy=None, elastic=True)
   measured = {*args.rules, plain, rules.plain(policy=Policy.FCFS, elastic=True)}

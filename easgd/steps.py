@@ -5,8 +5,9 @@ With the data on the devices (config.data.source=device) the training data
 never leaves them after it is placed: each device holds its workers'
 partitions, and every step draws each worker's batch from its own partition
 with indices that are a pure function of (rng, worker, the worker's local
-step count). Streamed (easgd.data.stream) the host reads the same examples
-and the step takes them as arguments; either way the step augments them.
+step count) (easgd.data.batches). Streamed (easgd.data.stream) the host reads
+the same examples and the step takes them as arguments; either way the step
+augments them.
 """
 
 from collections.abc import Callable
@@ -14,15 +15,14 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import optax
-from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from easgd.data import augment as augment_lib
+from easgd.data.batches import augment_local_batches, sample_local_batches
 from easgd.data.datasets import Dataset
 from easgd.infra import sharding
 from easgd.rules import AXIS, LossFn, Rule, TickInputs, TrainState, model_state
-from easgd.rules.spmd import local_workers
 
 
 def make_normalize(dataset: Dataset) -> Callable[[jax.Array], jax.Array]:
@@ -69,77 +69,6 @@ def make_apply_fn(model, normalize) -> Callable:
     return model.apply(model_state.variables(tree), normalize(images))
 
   return apply_fn
-
-
-def batch_indices(rng: jax.Array, step: jax.Array, worker: jax.Array, size: int, batch_size: int):
-  """Indices into a worker's partition of `size` examples for step `step`.
-
-  Each epoch (size // batch_size steps) visits a fresh permutation of the
-  partition, drawn from (rng, epoch, worker); the tail of size mod
-  batch_size examples is left out of that epoch.
-  """
-  steps_per_epoch = size // batch_size
-  epoch, position = step // steps_per_epoch, step % steps_per_epoch
-  key = jax.random.fold_in(jax.random.fold_in(rng, epoch), worker)
-  permutation = jax.random.permutation(key, size)
-  return lax.dynamic_slice_in_dim(permutation, position * batch_size, batch_size)
-
-
-def sample_local_batches(
-  images, labels, rng, worker_steps, batch_size: int, augment: augment_lib.Augment | None = None
-):
-  """Per device: one batch for each local worker from its own partition,
-  augmented if `augment` is given.
-
-  Args:
-    images: this device's partitions, [P/D, n, H, W, C].
-    labels: [P/D, n].
-    rng: the state's key.
-    worker_steps: the local workers' step counts, [P/D].
-    batch_size: examples per worker.
-    augment: (key, images) -> images, or None.
-  """
-  workers = local_workers(labels.shape[0])
-  return sample_batches(images, labels, rng, workers, worker_steps, batch_size, augment)
-
-
-def sample_batches(
-  images,
-  labels,
-  rng,
-  workers,
-  worker_steps,
-  batch_size: int,
-  augment: augment_lib.Augment | None = None,
-):
-  """`sample_local_batches` for the workers of global indices `workers` [w], whose
-  partitions are images [w, n, ...] and labels [w, n] (outside shard_map too)."""
-  size = labels.shape[1]
-
-  def one_worker(worker, step, worker_images, worker_labels):
-    indices = batch_indices(rng, step, worker, size, batch_size)
-    return worker_images[indices], worker_labels[indices]
-
-  batch_images, batch_labels = jax.vmap(one_worker)(workers, worker_steps, images, labels)
-  return augment_batches(batch_images, batch_labels, rng, workers, worker_steps, augment)
-
-
-def augment_local_batches(
-  images, labels, rng, worker_steps, augment: augment_lib.Augment | None = None
-):
-  """Per device: the local workers' batches [P/D, b, ...] as {"image", "label"},
-  each augmented (if `augment` is given) with the key of its worker and step."""
-  workers = local_workers(labels.shape[0])
-  return augment_batches(images, labels, rng, workers, worker_steps, augment)
-
-
-def augment_batches(images, labels, rng, workers, worker_steps, augment=None):
-  """`augment_local_batches` for the workers of global indices `workers`."""
-
-  def one_worker(worker, step, batch_images):
-    return augment_lib.apply(augment, rng, worker, step, batch_images)
-
-  return {"image": jax.vmap(one_worker)(workers, worker_steps, images), "label": labels}
 
 
 def _compile(per_device, rule: Rule, mesh: Mesh, state: TrainState, num_worker_args: int):

@@ -42,7 +42,10 @@ from absl import logging as absl_logging  # noqa: E402
 
 from easgd import arguments, models, rules, steps, sweep  # noqa: E402
 from easgd.configs import default  # noqa: E402
-from easgd.data import datasets  # noqa: E402
+from easgd.data import (
+  batches,  # noqa: E402
+  datasets,  # noqa: E402
+)
 from easgd.errors import TrainingDiverged  # noqa: E402
 from easgd.infra import checkpoint, sharding  # noqa: E402
 from easgd.sim import sizing, ticks, timing  # noqa: E402
@@ -130,7 +133,7 @@ def measured_images_per_sec(workers: int, batch: int, num_steps: int = 30) -> fl
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
   rule = rules.make_rule(SYNC_ELASTIC, rules.Hyper.from_config(config))
   state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
-  images, labels = sharding.place_partitions(
+  images, labels = batches.place_partitions(
     mesh, dataset.train_images, dataset.train_labels, workers, 0
   )
   loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))

@@ -24,13 +24,6 @@ LAYERS = (
   ("easgd.train",),
   ("easgd.cli", "easgd.plan", "easgd.sweep", "easgd.executor", "easgd.launch", "easgd.configs"),
 )
-# Imports that run up the layers, each with its reason: at most 3.
-UPWARD = {
-  # The shuffled partitions are the data's; placing them is sharding's.
-  ("easgd.infra.sharding", "easgd.data.datasets"),
-  # A streamed batch is sampled by the same function as a placed one.
-  ("easgd.data.stream", "easgd.steps"),
-}
 # Spelled in pieces so that this file does not name them itself.
 IMPORT_PATH = "sys." + "path"
 # What may name it all the same: the tests' starter of programs, which puts a
@@ -92,15 +85,14 @@ def test_every_module_is_in_a_layer():
       _layer(name)
 
 
-def test_imports_run_down_the_layers_but_for_three_named_ones():
+def test_imports_run_down_the_layers():
   upward = {
     (name, imported)
     for name, imports in GRAPH.items()
     for imported in imports
     if "easgd" not in (name, imported) and _layer(imported) > _layer(name)
   }
-  assert upward == UPWARD
-  assert len(UPWARD) <= 3
+  assert upward == set()
 
 
 def test_the_imports_have_no_cycle():

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from easgd import models, rules, steps
-from easgd.data import datasets
+from easgd.data import batches, datasets
 from easgd.infra import sharding
 from easgd.rules import AXIS, spmd
 from easgd.sim import timing
@@ -16,13 +16,13 @@ from easgd.sim import timing
 def test_batches_of_an_epoch_are_disjoint_and_reshuffled_each_epoch():
   rng = jax.random.PRNGKey(7)
   size, batch = 50, 8  # 6 steps an epoch, 2 examples left out
-  epoch0 = np.concatenate([steps.batch_indices(rng, s, 3, size, batch) for s in range(6)])
-  epoch1 = np.concatenate([steps.batch_indices(rng, s, 3, size, batch) for s in range(6, 12)])
+  epoch0 = np.concatenate([batches.batch_indices(rng, s, 3, size, batch) for s in range(6)])
+  epoch1 = np.concatenate([batches.batch_indices(rng, s, 3, size, batch) for s in range(6, 12)])
   assert len(np.unique(epoch0)) == 48 and epoch0.max() < size
   assert not np.array_equal(epoch0, epoch1)
-  other_worker = np.concatenate([steps.batch_indices(rng, s, 4, size, batch) for s in range(6)])
+  other_worker = np.concatenate([batches.batch_indices(rng, s, 4, size, batch) for s in range(6)])
   assert not np.array_equal(epoch0, other_worker)
-  assert np.array_equal(epoch0[:8], steps.batch_indices(rng, 0, 3, size, batch))
+  assert np.array_equal(epoch0[:8], batches.batch_indices(rng, 0, 3, size, batch))
 
 
 def _train(num_devices, algorithm, steps_count=2):
@@ -34,7 +34,7 @@ def _train(num_devices, algorithm, steps_count=2):
   rule = rules.make_rule(algorithm, hyper)
   mesh = sharding.make_mesh(num_devices)
   state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
-  images, labels = datasets.partition(dataset.train_images, dataset.train_labels, 8, seed=0)
+  images, labels = batches.partition(dataset.train_images, dataset.train_labels, 8, seed=0)
   images = sharding.place(mesh, images, P(AXIS))
   labels = sharding.place(mesh, labels, P(AXIS))
   loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))

@@ -258,22 +258,3 @@ def load_dataset(name: str, data_dir: str = "") -> Dataset:
       f"config.data.dataset={name!r} is unknown; valid: {', '.join(sorted(DATASETS))}"
     )
   return DATASETS[name](data_dir)
-
-
-def partition_indices(num_examples: int, num_parts: int, seed: int) -> np.ndarray:
-  """Example indices of equal, disjoint, shuffled partitions: [num_parts, N // num_parts].
-
-  The examples are shuffled once with `seed` (so that class-sorted files give
-  every part every class) and the remainder of N mod num_parts is dropped.
-  """
-  order = np.random.default_rng(seed).permutation(num_examples)
-  per_part = num_examples // num_parts
-  return order[: per_part * num_parts].reshape(num_parts, per_part)
-
-
-def partition(images, labels, num_workers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-  """The training set split by `partition_indices`, with a leading workers axis:
-  images [P, N//P, H, W, C], labels [P, N//P].
-  """
-  indices = partition_indices(len(labels), num_workers, seed)
-  return images[indices], labels[indices]

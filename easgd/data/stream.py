@@ -11,9 +11,9 @@
           bytes, else stream; one log line says which and why.
 
 Both sources give a worker the same examples at the same local step: the
-indices are `easgd.steps.batch_indices(rng, step, worker, n, b)`, computed by
+indices are `easgd.data.batches.batch_indices(rng, step, worker, n, b)`, computed by
 the same JAX function (on the host's CPU device when streamed) into the same
-partitions (easgd.data.datasets.partition_indices). So a streamed run trains
+partitions (easgd.data.batches.partition_indices). So a streamed run trains
 the same bits as one on the devices, resumes from any checkpoint with no
 iterator state (grain's iterators are rebuilt at each worker's restored step:
 their own state is a position that the step already gives), and the
@@ -38,8 +38,7 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from easgd import steps
-from easgd.data.datasets import partition_indices
+from easgd.data import batches
 from easgd.errors import ConfigError
 from easgd.infra import sharding
 from easgd.rules import AXIS
@@ -97,13 +96,13 @@ def choose(data, image_shape, train_examples: int, parts: int, devices: int) -> 
 
 @functools.cache
 def _permutation_fn():
-  """The permutation of a worker's partition in an epoch, as easgd.steps.batch_indices
+  """The permutation of a worker's partition in an epoch, as easgd.data.batches.batch_indices
   draws it on the device, compiled for the host's CPU device."""
 
   def permutation(rng, epoch, worker, size):
     # With a batch of the whole partition, an epoch is one step and its batch
     # is the epoch's whole permutation.
-    return steps.batch_indices(rng, epoch, worker, size, size)
+    return batches.batch_indices(rng, epoch, worker, size, size)
 
   return jax.jit(permutation, static_argnums=3)
 
@@ -133,7 +132,7 @@ class Streamer:
     import grain  # noqa: PLC0415 (only streamed runs need it)
 
     self._images, self._labels = images, labels
-    self._partitions = partition_indices(len(labels), num_workers, seed)
+    self._partitions = batches.partition_indices(len(labels), num_workers, seed)
     self._size = self._partitions.shape[1]
     self._batch_size = batch_size
     self._steps_per_epoch = self._size // batch_size
@@ -189,7 +188,7 @@ class Streamer:
   def read(self, worker: int, step: int) -> tuple[np.ndarray, np.ndarray]:
     """Worker's batch at its local step `step`: images [b, H, W, C], labels [b].
 
-    The same examples as easgd.steps.batch_indices picks on the device.
+    The same examples as easgd.data.batches.batch_indices picks on the device.
     """
     epoch, position = divmod(int(step), self._steps_per_epoch)
     order = self._order(worker, epoch)

@@ -11,12 +11,10 @@ import os
 
 import jax
 import numpy as np
-from absl import logging
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from easgd.data.datasets import partition_indices
 from easgd.errors import ConfigError
 from easgd.rules import AXIS, TrainState
 
@@ -143,39 +141,6 @@ def jit_shard_map(per_device, mesh: Mesh, in_specs, out_specs, donate: bool = Tr
     in_shardings=named(mesh, in_specs),
     out_shardings=named(mesh, out_specs),
     donate_argnums=0 if donate else (),
-  )
-
-
-def place_partitions(mesh: Mesh, images, labels, parts: int, seed: int):
-  """The training set split into `parts` partitions (data.partition_indices), placed
-  once: partition i on the device that owns row i of the `workers` axis.
-
-  Each process reads only the rows of the partitions its own devices hold, so
-  a lazy (TFDS) training set is decoded only there.
-  """
-  indices = partition_indices(len(labels), parts, seed)
-  sharding = NamedSharding(mesh, P(AXIS))
-  reads = {}
-  for index in sharding.addressable_devices_indices_map(indices.shape).values():
-    start, stop, _ = index[0].indices(parts)
-    reads[start, stop] = indices[start:stop]
-  logging.info(
-    "process %d reads %d of %d training partitions (%d examples)",
-    jax.process_index(),
-    sum(len(rows) for rows in reads.values()),
-    parts,
-    sum(rows.size for rows in reads.values()),
-  )
-
-  def rows(index):
-    start, stop, _ = index[0].indices(parts)
-    return reads[start, stop]
-
-  return (
-    jax.make_array_from_callback(
-      (*indices.shape, *images.shape[1:]), sharding, lambda index: images[rows(index)]
-    ),
-    jax.make_array_from_callback(indices.shape, sharding, lambda index: labels[rows(index)]),
   )
 
 

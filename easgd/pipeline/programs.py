@@ -48,8 +48,8 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from easgd import steps
 from easgd.data import augment as augment_lib
+from easgd.data import batches
 from easgd.infra import sharding
 from easgd.rules import AXIS, Hyper, LossFn, model_state, optimizers
 from easgd.rules.spmd import map_workers
@@ -182,7 +182,7 @@ class Pipeline:
 
     def one_model(params, opt_state, data_key):
       rng = jax.random.fold_in(data_key, stage)
-      indices = steps.batch_indices(rng, position, device, labels.shape[0], batch_size)
+      indices = batches.batch_indices(rng, position, device, labels.shape[0], batch_size)
       batch_images = augment_lib.apply(augment, rng, device, position, images[indices])
       batch = {"image": batch_images, "label": labels[indices]}
       (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)

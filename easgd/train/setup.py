@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 
 from easgd import evaluation, models, steps
 from easgd.config import schema, validation
-from easgd.data import stream
+from easgd.data import batches, stream
 from easgd.data.datasets import Dataset, load_dataset, shape_of
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint, sharding
@@ -134,7 +134,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequ
   logging.info("training data: %s (%s)", placement.source, placement.reason)
   train_images = train_labels = None
   if placement.source == stream.DEVICE:
-    train_images, train_labels = sharding.place_partitions(
+    train_images, train_labels = batches.place_partitions(
       mesh, dataset.train_images, dataset.train_labels, parts, config.seed
     )
   evaluator = evaluation.Evaluator(

@@ -8,7 +8,8 @@ from jax.sharding import PartitionSpec as P
 
 import least_squares
 import numpy_reference
-from easgd import rules, steps
+from easgd import rules
+from easgd.data import batches
 from easgd.infra import hlo, sharding
 from easgd.pipeline import programs
 from easgd.rules import AXIS
@@ -66,7 +67,7 @@ def sequential_numpy_run(initial, num_models, num_devices, num_stages, nesterov)
   """numpy_reference.pipeline_sgd from the pipeline's initial state, with its data and
   hyper-parameters.
 
-  The batch indices are the sampler's (steps.batch_indices, tested in
+  The batch indices are the sampler's (batches.batch_indices, tested in
   test_steps.py): model m draws from its data key folded with the stage;
   everything else is written out in numpy_reference.
   """
@@ -74,7 +75,7 @@ def sequential_numpy_run(initial, num_models, num_devices, num_stages, nesterov)
 
   def batch_indices(m, stage, step, partition):
     key = jax.random.fold_in(initial.data_key[slots[m]], stage)
-    return np.asarray(steps.batch_indices(key, jnp.int32(step), partition, PARTITION_SIZE, BATCH))
+    return np.asarray(batches.batch_indices(key, jnp.int32(step), partition, PARTITION_SIZE, BATCH))
 
   x, y = data(num_devices)
   _, learning_rate, momentum, weight_decay, _, _ = hypers(num_models)

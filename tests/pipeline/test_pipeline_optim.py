@@ -10,7 +10,8 @@ from test_pipeline import BATCH, PARTITION_SIZE, STAGE_STEPS, data, init_params,
 
 import least_squares
 import numpy_optim
-from easgd import rules, steps
+from easgd import rules
+from easgd.data import batches
 from easgd.infra import scalars, sharding
 from easgd.pipeline import programs
 from easgd.rules import AXIS
@@ -60,7 +61,7 @@ def test_models_train_with_adamw_under_a_schedule_at_their_own_values():
 
   def batch_indices(m, stage, j, partition):
     key = jax.random.fold_in(initial.data_key[slots[m]], stage)
-    return np.asarray(steps.batch_indices(key, jnp.int32(j), partition, PARTITION_SIZE, BATCH))
+    return np.asarray(batches.batch_indices(key, jnp.int32(j), partition, PARTITION_SIZE, BATCH))
 
   optimizers = [
     numpy_optim.Optimizer("adamw", rates[m], wd=float(DECAY[m]), b1=float(B1[m]), b2=float(B2[m]))

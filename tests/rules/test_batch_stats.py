@@ -18,6 +18,7 @@ import tiers
 
 import numpy_reference
 from easgd import evaluation, rules, steps
+from easgd.data.batches import batch_indices
 from easgd.infra import sharding
 from easgd.rules import AXIS, model_state
 from easgd.rules.state import stack_workers
@@ -274,7 +275,7 @@ def test_pipeline_models_carry_their_statistics_and_decay_only_parameters():
   for slot in range(num_devices):
     device = slot  # one model a device
     key = jax.random.fold_in(before.data_key[slot], 0)
-    indices = np.asarray(steps.batch_indices(key, 0, device, partition, BATCH))
+    indices = np.asarray(batch_indices(key, 0, device, partition, BATCH))
     batch = {"image": images[device][indices], "label": labels[device][indices]}
     params, stats = flat(row(before.models, slot))
     grads, new_stats = forward(params, stats, batch)

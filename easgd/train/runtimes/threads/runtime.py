@@ -27,8 +27,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from easgd import steps
 from easgd.data import augment as augment_lib
+from easgd.data import batches
 from easgd.errors import require
 from easgd.infra import sharding
 from easgd.infra.compile import compile_program
@@ -51,7 +51,7 @@ def programs(rule: Rule, loss_fn, batch_size: int, augment):
     `base` (x_j, or x_j - e after the exchange: `apply_deferred`), in the same
     program as the simulated runtime does: XLA fuses the update's last product
     into that sum."""
-    batch = steps.sample_batches(images, labels, rng, worker, worker_steps, batch_size, augment)
+    batch = batches.sample_batches(images, labels, rng, worker, worker_steps, batch_size, augment)
     view = TrainState(
       step=0,
       rng=rng,
