@@ -90,8 +90,8 @@ class AsyncLocalSGD(ParameterServerRule):
   def request_fields(self):
     return ("anchor",)
 
-  # A joining worker's anchor would be the center, not zero: runtime=ray leaves it out.
-  ray = False
+  # A joining worker's anchor would be the center, not zero: `serve_reset` cannot restart it.
+  rejoins = False
 
   def init(self, params, rng):
     state = super().init(params, rng)

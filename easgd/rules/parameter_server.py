@@ -77,9 +77,10 @@ class ParameterServerRule(Rule):
   """A master and P workers; see the module docstring for the operations."""
 
   policy: ClassVar[clocks.Policy]
-  # Whether runtime=ray runs it: a worker process that joins restarts from the center
-  # with zeroed request fields (`serve_reset`).
-  ray = True
+  # Whether a worker can rejoin: restart from the center with zeroed request fields
+  # (`serve_reset`). A runtime whose worker processes can be lost and restarted
+  # (runtime=ray) runs the rules that can.
+  rejoins: ClassVar[bool] = True
   # Whether the tick program serves RESETs: a replay of a runtime=ray trace in which
   # worker processes joined or left (easgd.train.runtimes.simulated.runtime sets it).
   resets = False

@@ -37,7 +37,8 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(easgd.__file__)))
 
 
 def ray_rules() -> tuple[str, ...]:
-  return tuple(name for name in parameter_server_rules() if RULES[name].ray)
+  """The rules runtime=ray runs: those whose lost worker can rejoin (`rejoins`)."""
+  return tuple(name for name in parameter_server_rules() if RULES[name].rejoins)
 
 
 def _numpy(tree):
