@@ -16,12 +16,12 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
-import jax.numpy as jnp  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from throughput import timed  # noqa: E402 (bench/throughput.py, beside this script)
 
-from easgd import models, rules, steps  # noqa: E402
+from easgd import assembly, rules, steps  # noqa: E402
 from easgd.arguments import ArgumentParser, integer  # noqa: E402
+from easgd.configs import default  # noqa: E402
 from easgd.data import batches, datasets  # noqa: E402
 from easgd.infra import sharding  # noqa: E402
 from easgd.infra.compile import compile_program  # noqa: E402
@@ -42,9 +42,11 @@ def main():
     parser.error(f"--workers={args.workers} is invalid: must be a multiple of 8 (the devices)")
 
   dataset = datasets.load_dataset("mnist5k")
-  model = models.get_model("lenet5", dataset.num_classes)
-  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
-  loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
+  # The default config's network (LeNet-5, float32), as train.py builds it.
+  built = assembly.network(
+    default.get_config(), dataset.num_classes, dataset.train_images.shape[1:], dataset
+  )
+  params, loss_fn = built.init_params(jax.random.PRNGKey(0)), built.loss_fn
   mesh = sharding.make_mesh(8)
   partitions = batches.partition(dataset.train_images, dataset.train_labels, args.workers, 0)
   images, labels = (sharding.place(mesh, array, P(AXIS)) for array in partitions)

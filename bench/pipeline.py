@@ -31,12 +31,12 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from easgd import models, rules, steps  # noqa: E402
+from easgd import assembly, rules, steps  # noqa: E402
 from easgd.arguments import ArgumentParser, integer  # noqa: E402
+from easgd.configs import default  # noqa: E402
 from easgd.data import batches, datasets  # noqa: E402
 from easgd.infra import hlo, sharding  # noqa: E402
 from easgd.infra.compile import compile_program  # noqa: E402
@@ -92,12 +92,11 @@ def main():
     sys.exit("error: --models and --batch_size must be multiples of --devices")
 
   dataset = datasets.load_dataset("mnist5k")
-  model = models.get_model("lenet5", dataset.num_classes)
-  loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
-  sample = jnp.zeros((1, *dataset.train_images.shape[1:]))
-
-  def init_params(key):
-    return model.init(key, sample)["params"]
+  # The default config's network (LeNet-5, float32), as train.py builds it.
+  built = assembly.network(
+    default.get_config(), dataset.num_classes, dataset.train_images.shape[1:], dataset
+  )
+  loss_fn, init_params = built.loss_fn, built.init_params
 
   mesh = sharding.make_mesh(num_devices)
   examples = len(dataset.train_labels)

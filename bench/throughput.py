@@ -31,7 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from easgd import models, rules, steps  # noqa: E402
+from easgd import assembly, rules, steps  # noqa: E402
 from easgd.arguments import ArgumentParser, integer, some_of  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.data import batches, datasets  # noqa: E402
@@ -102,9 +102,11 @@ def main():
     parser.error(f"--workers={args.workers} is invalid: must be a multiple of 8 (the devices)")
 
   dataset = datasets.load_dataset("mnist5k")
-  model = models.get_model("lenet5", dataset.num_classes)
-  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
-  loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
+  # The default config's network (LeNet-5, float32), as train.py builds it.
+  built = assembly.network(
+    default.get_config(), dataset.num_classes, dataset.train_images.shape[1:], dataset
+  )
+  params, loss_fn = built.init_params(jax.random.PRNGKey(0)), built.loss_fn
   images_per_step = args.workers * args.batch_size
   platform = jax.devices()[0].platform
 

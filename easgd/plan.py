@@ -26,7 +26,6 @@ t_c = the step's FLOPs (XLA's cost analysis) / `device.flops`, or
 import dataclasses
 import functools
 import math
-import types
 
 import jax
 import jax.numpy as jnp
@@ -35,13 +34,13 @@ from absl import app
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from easgd import cli, models, steps
+from easgd import assembly, cli, steps
 from easgd.config import schema, validation
 from easgd.data import datasets, stream
 from easgd.errors import ConfigError
 from easgd.infra import platform, sharding
 from easgd.infra.compile import compile_program
-from easgd.rules import AXIS, RULES, Hyper, exchange, make_rule, model_state
+from easgd.rules import AXIS, RULES, exchange
 from easgd.sim import sizing, ticks, timing
 from easgd.train import trainer
 
@@ -82,11 +81,13 @@ class StepCompiler:
       config.data, self.shape.image_shape, self.shape.train_examples, config.workers, mesh.size
     )
     self.streamed = self.placement.source == stream.STREAM
-    self.model = models.get_model(config.model, self.shape.num_classes, config.dtype)
-    images = jnp.zeros((1, *self.shape.image_shape), jnp.uint8)
-    params = model_state.model_tree(jax.eval_shape(self.model.init, jax.random.PRNGKey(0), images))
+    # Normalisation constants change neither shapes nor cost.
+    normalization = assembly.Normalization.stand_in(self.shape.image_shape[-1])
+    built = assembly.network(config, self.shape.num_classes, self.shape.image_shape, normalization)
+    self.model = built.model
+    params = jax.eval_shape(built.init_params, jax.random.PRNGKey(0))
     self.model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
-    self.rule = make_rule(config.algorithm, Hyper.from_config(config))
+    self.rule = assembly.rule(config)
     # One exchange's size, as train.py's clock takes it (easgd.rules.exchange.sizes).
     self.message_bytes, _ = exchange.sizes(
       params, config.outer.exchange_dtype, self.rule.hyper.average_stats
@@ -99,10 +100,7 @@ class StepCompiler:
       (*example_shape, *self.shape.image_shape), jnp.uint8, sharding=split
     )
     self.labels = jax.ShapeDtypeStruct(example_shape, jnp.int32, sharding=split)
-    channels = self.shape.image_shape[-1]
-    # Normalisation constants change neither shapes nor cost.
-    stand_in = types.SimpleNamespace(mean=(0.0,) * channels, std=(1.0,) * channels, max_value=255)
-    self.loss_fn = steps.make_loss_fn(self.model, steps.make_normalize(stand_in))
+    self.loss_fn = built.loss_fn
     self.tick = self.rule.tick_inputs(ticks.Tick.empty(config.workers))
     self._compiled = {}
 

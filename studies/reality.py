@@ -36,7 +36,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-from easgd import arguments, rules  # noqa: E402
+from easgd import arguments, assembly  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.infra import scalars  # noqa: E402
 from easgd.sim import timing  # noqa: E402
@@ -140,7 +140,7 @@ def predict(config, measured: dict, workdir: str) -> dict:
   trainer.train_and_evaluate(config, workdir)
   # The model's order of requests, from its clock alone (it depends on no parameter;
   # with a free network the model's size does not count).
-  rule = rules.make_rule(config.algorithm, rules.Hyper.from_config(config))
+  rule = assembly.rule(config)
   clock = rule.make_clock(timing.Cluster.from_config(config.cluster), 0.0, config.seed)
   staleness = []
   for _ in range(config.run.total_steps):

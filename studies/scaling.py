@@ -33,19 +33,15 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-from easgd import arguments, models, rules, steps, sweep  # noqa: E402
+from easgd import arguments, assembly, rules, steps, sweep  # noqa: E402
 from easgd.configs import default  # noqa: E402
-from easgd.data import (
-  batches,  # noqa: E402
-  datasets,  # noqa: E402
-)
+from easgd.data import batches, datasets  # noqa: E402
 from easgd.errors import TrainingDiverged  # noqa: E402
 from easgd.infra import checkpoint, sharding  # noqa: E402
 from easgd.sim import sizing, ticks, timing  # noqa: E402
@@ -129,15 +125,15 @@ def measured_images_per_sec(workers: int, batch: int, num_steps: int = 30) -> fl
   config.outer.moving_rate = 0.9 / workers
   dataset = datasets.load_dataset("mnist5k")
   mesh = sharding.make_mesh(workers)
-  model = models.get_model(config.model, 10)
-  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
-  rule = rules.make_rule(SYNC_ELASTIC, rules.Hyper.from_config(config))
+  config.algorithm = SYNC_ELASTIC
+  built = assembly.network(config, dataset.num_classes, dataset.train_images.shape[1:], dataset)
+  params = built.init_params(jax.random.PRNGKey(0))
+  rule = assembly.rule(config)
   state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
   images, labels = batches.place_partitions(
     mesh, dataset.train_images, dataset.train_labels, workers, 0
   )
-  loss_fn = steps.make_loss_fn(model, steps.make_normalize(dataset))
-  step = steps.build_train_step(rule, loss_fn, mesh, state, batch)
+  step = steps.build_train_step(rule, built.loss_fn, mesh, state, batch)
   tick = rule.tick_inputs(ticks.Tick.empty(workers))
   state, out = step(state, images, labels, tick)  # compile and warm up
   jax.block_until_ready(out)
@@ -229,7 +225,8 @@ def sc17() -> dict:
     for name, steady in result.items():
       config = default.get_config()
       config.workers, config.outer.comm_period, config.outer.moving_rate = workers, 1, 0.1
-      clock = rules.make_rule(rule_of[name], rules.Hyper.from_config(config)).make_clock(
+      config.algorithm = rule_of[name]
+      clock = assembly.rule(config).make_clock(
         dataclasses.replace(steady.cluster, compute_time=work), model_bytes, 0
       )
       while clock.worker_steps.min() < 200:

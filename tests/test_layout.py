@@ -19,7 +19,7 @@ LAYERS = (
   ("easgd.rules", "easgd.sim"),
   ("easgd.infra",),
   ("easgd.data",),
-  ("easgd.steps", "easgd.evaluation", "easgd.pipeline"),
+  ("easgd.steps", "easgd.evaluation", "easgd.pipeline", "easgd.assembly"),
   ("easgd.config",),
   ("easgd.train",),
   ("easgd.cli", "easgd.plan", "easgd.sweep", "easgd.executor", "easgd.launch", "easgd.configs"),

@@ -37,15 +37,16 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from easgd import evaluation, models, rules, steps
+from easgd import assembly, evaluation, models, rules, steps
 from easgd.data import augment as augment_lib
 from easgd.infra import checkpoint, sharding
 from easgd.infra import compile as compile_lib
 from easgd.models import batch_norm, layers
 from easgd.pipeline import programs as pipeline
-from easgd.rules import AXIS, model_state
+from easgd.rules import AXIS
 from easgd.sim import ticks
 from easgd.train.runtimes.threads import runtime as threads
+from runs import config_with
 
 ACCELERATORS = ("cuda", "tpu")
 CPU_ONLY_PATHS = batch_norm.CPU_ONLY_PATHS + layers.CPU_ONLY_PATHS
@@ -128,22 +129,17 @@ def _data(count: int, model: str, size: int, spec: P | None = None):
 
 @functools.cache
 def _network(name: str, dtype: str) -> types.SimpleNamespace:
-  """The model and the functions of it the programs take, as loop.setup builds them."""
-  model = models.get_model(name, CLASSES, dtype)
+  """The model and the functions of it the programs take, as train.py builds them."""
   shape = IMAGE_SHAPES[name]
+  config = config_with({"model": name, "dtype": dtype})
   # Normalisation constants change no program's structure.
-  stand_in = types.SimpleNamespace(mean=(0.0,) * shape[-1], std=(1.0,) * shape[-1], max_value=255)
-  normalize = steps.make_normalize(stand_in)
-  sample = jnp.zeros((1, *shape))
-
-  def init_params(key):
-    return model_state.model_tree(model.init(key, sample))
-
+  normalization = assembly.Normalization.stand_in(shape[-1])
+  built = assembly.network(config, CLASSES, shape, normalization)
   return types.SimpleNamespace(
-    loss_fn=steps.make_loss_fn(model, normalize),
-    apply_fn=steps.make_apply_fn(model, normalize),
-    init_params=init_params,
-    params=jax.eval_shape(init_params, _key()),
+    loss_fn=built.loss_fn,
+    apply_fn=built.apply_fn,
+    init_params=built.init_params,
+    params=jax.eval_shape(built.init_params, _key()),
   )
 
 

@@ -7,18 +7,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from absl import logging
 from jax.sharding import Mesh
 
-from easgd import evaluation, models, steps
+from easgd import assembly, evaluation
 from easgd.config import schema, validation
 from easgd.data import batches, stream
 from easgd.data.datasets import Dataset, load_dataset, shape_of
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint, sharding
-from easgd.rules import model_state
 
 
 @dataclasses.dataclass
@@ -73,20 +71,11 @@ def _able(others: Sequence, can: str) -> list[str]:
 def model_shapes(config: ml_collections.ConfigDict):
   """The shapes of the tree of config.model on config.data.dataset, traced without data."""
   shape = shape_of(config.data.dataset, config.run.data_dir)
-  model = models.get_model(config.model, shape.num_classes, config.dtype)
-  init_params = _initializer(model, shape.image_shape)
+  normalization = assembly.Normalization.stand_in(shape.image_shape[-1])
+  built = assembly.network(config, shape.num_classes, shape.image_shape, normalization)
   # Traced whole, the key included: the checks that call this run before train.py
   # sets the devices, and an array made outside the trace would start a backend.
-  return jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0)))
-
-
-def _initializer(model, image_shape) -> Callable:
-  """key -> the model tree (easgd.rules.model_state) of `model` on images of `image_shape`."""
-
-  def init_params(key):
-    return model_state.model_tree(model.init(key, jnp.zeros((1, *image_shape))))
-
-  return init_params
+  return jax.eval_shape(lambda: built.init_params(jax.random.PRNGKey(0)))
 
 
 def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) -> Dataset:
@@ -118,9 +107,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequ
       "(docs/asynchrony.md, 'Beyond one host')"
     )
   mesh = sharding.make_mesh(num_devices)
-  model = models.get_model(config.model, dataset.num_classes, config.dtype)
-  normalize = steps.make_normalize(dataset)
-  init_params = _initializer(model, dataset.train_images.shape[1:])
+  built = assembly.network(config, dataset.num_classes, dataset.train_images.shape[1:], dataset)
 
   placement = stream.choose(
     config.data, dataset.train_images.shape[1:], len(dataset.train_labels), parts, num_devices
@@ -137,17 +124,15 @@ def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequ
     train_images, train_labels = batches.place_partitions(
       mesh, dataset.train_images, dataset.train_labels, parts, config.seed
     )
-  evaluator = evaluation.Evaluator(
-    mesh, steps.make_apply_fn(model, normalize), dataset.test_images, dataset.test_labels
-  )
+  evaluator = evaluation.Evaluator(mesh, built.apply_fn, dataset.test_images, dataset.test_labels)
   return Setup(
     config=config,
     workdir=workdir,
     dataset=dataset,
     mesh=mesh,
-    model=model,
-    loss_fn=steps.make_loss_fn(model, normalize),
-    init_params=init_params,
+    model=built.model,
+    loss_fn=built.loss_fn,
+    init_params=built.init_params,
     evaluator=evaluator,
     checkpointer=checkpoint.Checkpointer(workdir),
     placement=placement,

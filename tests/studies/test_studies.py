@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 import runs
-from easgd import arguments
+from easgd import arguments, assembly
 from easgd.config import validation
-from easgd.rules import Hyper, make_rule
 from easgd.sim import timing
 
 REPO = pathlib.Path(runs.REPO)
@@ -80,7 +79,7 @@ def test_the_heterogeneous_cluster_is_what_its_study_says():
   np.testing.assert_allclose(slowdown[[0, 6, 7]], [1.0, 2.0, 4.0])
   assert all(1 < s < 2 for s in slowdown[1:6])
   # DyLU sizes each worker's local steps to its speed: H = 4 for the fastest, 1 for the slowest.
-  rule = make_rule(config.algorithm, Hyper.from_config(config))
+  rule = assembly.rule(config)
   assert rule.periods(cluster) == (4, 3, 3, 2, 2, 2, 2, 1)
 
 

@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from easgd import evaluation, steps
+from easgd import assembly, evaluation, steps
 from easgd.config import schema
 from easgd.infra import metrics
-from easgd.rules import RULES, Hyper, Rule, TrainState, exchange, make_rule, model_state
+from easgd.rules import RULES, Hyper, Rule, TrainState, exchange, model_state
 from easgd.sim import ticks, timing
 from easgd.train import setup as setup_lib
 from easgd.train.runtimes.base import Runtime
@@ -38,7 +38,7 @@ class RuleRuntime(Runtime):
   def __init__(self, setup: setup_lib.Setup):
     super().__init__(setup)
     config = setup.config
-    self.rule = make_rule(config.algorithm, Hyper.from_config(config))
+    self.rule = assembly.rule(config)
     self.cluster = timing.Cluster.from_config(config.cluster)
 
   def describe(self) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import numpy_optim
-from easgd.rules import Hyper, make_rule
+from easgd import assembly
 from easgd.train.runtimes.rule_runtime import RuleReports, mean_learning_rate
 from easgd.train.runtimes.threads.live_clock import LiveClock
 from runs import config_with
@@ -29,7 +29,7 @@ def _rule(algorithm="async_easgd", workers=2):
     algorithm=algorithm,
     workers=workers,
   )
-  return config, make_rule(algorithm, Hyper.from_config(config))
+  return config, assembly.rule(config)
 
 
 def _reports(tmp_path, algorithm="async_easgd", workers=2):

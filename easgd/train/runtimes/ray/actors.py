@@ -40,10 +40,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from easgd import models, steps
+from easgd import assembly
 from easgd.data import augment as augment_lib
 from easgd.infra.compile import compile_program
-from easgd.rules import Hyper, make_rule, model_state
+from easgd.rules import model_state
 from easgd.train.runtimes.threads.runtime import LOCAL_SPECS, MASTER_SPECS, on_device, programs
 
 
@@ -53,28 +53,15 @@ class Recipe:
 
   config: dict  # the run's configuration, as a dict
   num_classes: int
-  max_value: float  # the dataset's: inputs are normalised as (image/max_value - mean)/std
-  mean: tuple
-  std: tuple
+  image_shape: tuple  # (H, W, C)
+  normalization: assembly.Normalization  # the dataset's
 
   def programs(self):
     """(the local step, the master's operation), as runtime=threads' `programs`."""
     config = ml_collections.ConfigDict(self.config)
-    model = models.get_model(config.model, self.num_classes, config.dtype)
-    statistics = Statistics(self.max_value, np.asarray(self.mean), np.asarray(self.std))
-    loss_fn = steps.make_loss_fn(model, steps.make_normalize(statistics))
-    rule = make_rule(config.algorithm, Hyper.from_config(config))
+    built = assembly.network(config, self.num_classes, self.image_shape, self.normalization)
     augment = augment_lib.get(config.data.augment)
-    return programs(rule, loss_fn, config.data.batch_size, augment)
-
-
-@dataclasses.dataclass(frozen=True)
-class Statistics:
-  """A dataset's statistics that normalising its images reads (easgd.steps.make_normalize)."""
-
-  max_value: float
-  mean: np.ndarray
-  std: np.ndarray
+    return programs(assembly.rule(config), built.loss_fn, config.data.batch_size, augment)
 
 
 def placeholder(leaf) -> np.ndarray:

@@ -25,10 +25,10 @@ import numpy as np
 from absl import logging
 
 import easgd
-from easgd import ray_connection
+from easgd import assembly, ray_connection
 from easgd.errors import ConfigError, require
 from easgd.infra import platform, sharding
-from easgd.rules import RULES, Hyper, make_rule
+from easgd.rules import RULES
 from easgd.train.runtimes.rule_runtime import parameter_server_rules
 from easgd.train.runtimes.threads.runtime import ThreadsRuntime, ThreadsTrainee
 
@@ -146,9 +146,8 @@ class RayTrainee(ThreadsTrainee):
     recipe = ray_actors.Recipe(
       config.to_dict(),
       dataset.num_classes,
-      float(dataset.max_value),
-      tuple(np.asarray(dataset.mean, np.float64).ravel().tolist()),
-      tuple(np.asarray(dataset.std, np.float64).ravel().tolist()),
+      tuple(dataset.train_images.shape[1:]),
+      assembly.Normalization.of(dataset),
     )
     gpus = config.ray.worker_gpus
     worker_platform = "gpu" if gpus else "cpu"
@@ -323,7 +322,7 @@ class RayRuntime(ThreadsRuntime):
     the shapes alone), and the workers' GPUs are within what the cluster has."""
     tree = shapes()
     super().check_model(config, lambda: tree)
-    rule = make_rule(config.algorithm, Hyper.from_config(config))
+    rule = assembly.rule(config)
     key = jax.ShapeDtypeStruct((2,), np.uint32)
     blocks = len(jax.tree.leaves(jax.eval_shape(rule.init, tree, key).center))
     require(
