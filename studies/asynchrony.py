@@ -26,28 +26,23 @@ mu = 0.9 with learning rate 0.005 (the same eta / (1 - mu)); elastic rules
 tau = 4 and alpha = 0.9 / 8; Downpour n_sync = 4 with an SGD master.
 """
 
-import ast
-import contextlib
-import logging
 import os
-import sys
 
-import jax
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
-from absl import logging as absl_logging  # noqa: E402
 
 from easgd import arguments, executor, rules
-from easgd.config import schema, validation
+from easgd.config import validation
 from easgd.configs import default
 from easgd.errors import ConfigError
 from easgd.infra import scalars
 from easgd.sim import sizing
+from easgd.studies import harness
 from easgd.train import trainer
 
-TARGET = 0.95
+TARGET = harness.TARGET
 LEARNING_RATE, MOMENTUM = 0.05, 0.9
 
 
@@ -67,58 +62,12 @@ def config_for(rule: str, total_steps: int, every: int, seed: int, overrides: di
   return config
 
 
-def parse_overrides(assignments: list[str]) -> dict:
-  """["cluster.bandwidth=1.25e7"] -> {"cluster.bandwidth": 12500000.0}; raises ConfigError."""
-  known = schema.flatten(default.get_config().to_dict())
-  overrides = {}
-  for assignment in assignments:
-    field, equals, value = assignment.partition("=")
-    if equals and field not in known and schema.moved(field) in known:
-      raise ConfigError(f"--set {assignment!r}: {schema.hint(field)}")
-    if not equals or field not in known:
-      raise ConfigError(
-        f"--set {assignment!r}: expected FIELD=VALUE with FIELD a config field "
-        "(e.g. cluster.bandwidth=1.25e7, outer.comm_period=8)"
-      )
-    try:
-      overrides[field] = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      raise ConfigError(
-        f"--set {assignment!r}: {value!r} is not a Python literal (a number, string or tuple)"
-      ) from None
-  return overrides
-
-
-def saved_total_steps(saved: dict):
-  """run.total_steps of a checkpoint's config (whose fields may have the old flat names)."""
-  return schema.grouped(saved).get("run.total_steps")
-
-
-def mean_curves(runs: list[dict]) -> dict[str, list[tuple[int, float]]]:
-  """Per tag, the mean over seeds at each step that every seed logged."""
-  result = {}
-  for tag in set.intersection(*(set(run) for run in runs)):
-    by_step = [dict(run[tag]) for run in runs]
-    common = sorted(set.intersection(*(set(values) for values in by_step)))
-    result[tag] = [(step, sum(v[step] for v in by_step) / len(runs)) for step in common]
-  return result
-
-
-def first_reaching(curves: dict):
-  """(sim seconds, mean worker steps) at the first evaluation >= TARGET, or None."""
-  accuracy = dict(curves["eval/center_accuracy"])
-  reached = [step for step in sorted(accuracy) if accuracy[step] >= TARGET]
-  if not reached:
-    return None
-  return dict(curves["sim/time"])[reached[0]], dict(curves["sim/worker_steps_mean"])[reached[0]]
-
-
 def summarize(rule: str, runs: list[dict], common_time: float) -> dict:
   """Means over seeds; times to the target over the seeds that reached it."""
-  curves = mean_curves(runs)
+  curves = harness.mean_curves(runs)
   accuracy = dict(curves["eval/center_accuracy"])
   time = dict(curves["sim/time"])
-  reached = [r for r in (first_reaching(run) for run in runs) if r is not None]
+  reached = [r for r in (harness.first_reaching(run) for run in runs) if r is not None]
   at_common = [accuracy[s] for s in sorted(accuracy) if time[s] <= common_time]
   last = max(accuracy)
   staleness = dict(curves.get("async/staleness_mean", []))
@@ -208,52 +157,9 @@ def plot(all_curves, path, title):
   figure.savefig(path, dpi=110)
 
 
-# CPU devices a study's process has: one a worker.
-CPU_DEVICES = 8
-
-
-def use_cpu_devices(count: int = CPU_DEVICES) -> None:
-  """Gives JAX `count` CPU devices, one a worker: the first thing a study's `main` does,
-  before anything touches a device (importing a study does not)."""
-  jax.config.update("jax_num_cpu_devices", count)
-
-
-@contextlib.contextmanager
-def connected(parallel):
-  """The Ray of `parallel` (nothing for runs one after another) for a study's runs: a
-  Ray that cannot start, or whose nodes cannot place a run, ends the study in one
-  line (exit 2) before anything trains."""
-  try:
-    with executor.maybe_connected(parallel):
-      yield
-  except ConfigError as error:
-    arguments.fail(str(error))
-
-
-def train_all(runs: list[tuple[str, object, str]], parallel, workdir: str, label: str) -> None:
-  """Trains `runs` ((name, config, workdir) each): one after another in this process,
-  or in parallel as Ray tasks (easgd.executor; --parallel). A run that diverges or
-  fails ends the study in one line (exit 1) once the others are done."""
-  try:
-    jobs = executor.config_jobs(runs, CPU_DEVICES)
-    outcomes = executor.run(jobs, parallel, workdir, label=label)
-  except ConfigError as error:
-    arguments.fail(str(error))
-  except executor.Stopped:  # a preemption notice: that run saved where it was
-    print(f"{label}: stopped; run the same command to resume", flush=True)
-    sys.exit(0)
-  pairs = zip(jobs, outcomes, strict=True)
-  failed = [f"{job.name} {outcome.status}" for job, outcome in pairs if outcome.code != 0]
-  if failed:
-    arguments.fail(
-      f"{label}: {len(failed)} of {len(jobs)} runs did not finish: " + "; ".join(failed), code=1
-    )
-
-
 def main():
-  use_cpu_devices()
-  parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
+  harness.use_cpu_devices()
+  parser = harness.parser(__doc__, overrides=True)
   parser.add_argument("--total_steps", type=arguments.integer(1), default=600)
   parser.add_argument("--seeds", type=arguments.integer(1), default=3)
   # The elastic and gradient-pushing rules, synchronous and asynchronous; the reset
@@ -268,24 +174,10 @@ def main():
     and "outer.momentum_period" not in rules.RULES[n].reads
   ]
   parser.add_argument("--rules", default=",".join(compared), help="comma-separated rules")
-  parser.add_argument(
-    "--set", action="append", default=[], metavar="FIELD=VALUE", help="a config override"
-  )
   parser.add_argument("--name", default="asynchrony")
   executor.add_arguments(parser)
-  parser.add_argument(
-    "--docs",
-    type=arguments.directory("--docs"),
-    default=os.path.join(os.path.dirname(__file__), "..", "docs"),
-  )
   args = parser.parse_args()
-  for name, made_by in (
-    (f"{args.name}_table.md", b"Made by `python studies/asynchrony.py"),
-    (f"{args.name}.png", b"matplotlib"),
-  ):
-    arguments.check_overwritable(os.path.join(args.docs, name), made_by)
-  absl_logging.set_verbosity(absl_logging.WARNING)
-  logging.getLogger("absl").setLevel(logging.WARNING)
+  harness.check_outputs(args.docs, "asynchrony", f"{args.name}_table.md", f"{args.name}.png")
 
   chosen = args.rules.split(",")
   try:
@@ -294,7 +186,7 @@ def main():
       raise ConfigError(
         f"--rules: unknown rule(s) {', '.join(unknown)}; allowed: {', '.join(rules.names())}"
       )
-    overrides = parse_overrides(args.set)
+    overrides = harness.parse_overrides(args.set)
     parallel = executor.from_arguments(args)
     runs = {}
     for rule in chosen:
@@ -310,25 +202,23 @@ def main():
   missing = [
     (f"{rule}, seed {seed}", config, workdir)
     for (rule, seed), (config, workdir, saved) in runs.items()
-    if saved is None or saved_total_steps(saved) != args.total_steps
+    if saved is None or harness.saved_total_steps(saved) != args.total_steps
   ]
-  with connected(parallel):
-    train_all(missing, parallel, args.workdir, "asynchrony")
+  with harness.connected(parallel):
+    harness.train_all(missing, parallel, args.workdir, "asynchrony")
   all_runs = {rule: [] for rule in chosen}
   for (rule, _), (_, workdir, _) in runs.items():
     all_runs[rule].append(scalars.read(workdir))
-  all_curves = {rule: mean_curves(runs) for rule, runs in all_runs.items()}
+  all_curves = {rule: harness.mean_curves(runs) for rule, runs in all_runs.items()}
   common_time = min(max(v for _, v in s["sim/time"]) for s in all_curves.values())
   rows = [summarize(rule, runs, common_time) for rule, runs in all_runs.items()]
   os.makedirs(args.docs, exist_ok=True)
-  command = " ".join(["python studies/asynchrony.py", *sys.argv[1:]])
   table = os.path.join(args.docs, f"{args.name}_table.md")
-  write_table(rows, table, command, common_time, args.total_steps, overrides)
+  write_table(rows, table, harness.command("asynchrony"), common_time, args.total_steps, overrides)
   changed = ", ".join(f"{key}={value}" for key, value in overrides.items()) or "default"
   title = f"LeNet-5 on mnist5k, 8 workers, timing model: {changed} (mean of {args.seeds} seeds)"
   plot(all_curves, os.path.join(args.docs, f"{args.name}.png"), title)
-  with open(table) as written:
-    print(written.read())
+  harness.print_table(table)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,12 @@ import re
 import shutil
 from collections.abc import Callable
 
-import fault_injections as inject  # the sibling module: the run and the injections
 import numpy as np
 
 from easgd import arguments
 from easgd.config import schema
 from easgd.infra import scalars
+from easgd.studies import fault_injections as inject  # the run and the injections
 
 REPO = inject.REPO
 

@@ -23,19 +23,19 @@ averaged over the seeds that reached it.
 """
 
 import os
-import sys
 
-import asynchrony  # the sibling study's run and curve helpers
-import matplotlib.pyplot as plt
-import outer  # its readings of a run's curves
-from absl import logging as absl_logging
+import matplotlib
 
-from easgd import arguments, executor
-from easgd.config import validation
-from easgd.configs import default
-from easgd.errors import ConfigError
-from easgd.infra import checkpoint, scalars
-from easgd.train import trainer
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from easgd import arguments, executor  # noqa: E402
+from easgd.config import validation  # noqa: E402
+from easgd.configs import default  # noqa: E402
+from easgd.errors import ConfigError  # noqa: E402
+from easgd.infra import checkpoint, scalars  # noqa: E402
+from easgd.studies import harness  # noqa: E402
+from easgd.train import trainer  # noqa: E402
 
 EVERY = 25
 # Worker i's mean step is c*(1 + s*i/7) [* k for worker 7]: s = 7/6 makes worker 6
@@ -90,12 +90,12 @@ def workdir_of(args, run: str, seed: int) -> str:
 
 
 def missing(run: str, args, overrides: dict) -> list[tuple[str, object, str]]:
-  """The seeds of `run` not trained yet, as `asynchrony.train_all` takes them."""
+  """The seeds of `run` not trained yet, as `harness.train_all` takes them."""
   runs = []
   for seed in range(args.seeds):
     workdir = workdir_of(args, run, seed)
     saved = checkpoint.saved_config(workdir)
-    if saved is None or asynchrony.saved_total_steps(saved) != args.total_steps:
+    if saved is None or harness.saved_total_steps(saved) != args.total_steps:
       runs.append(
         (f"{run}, seed {seed}", config_for(run, args.total_steps, seed, overrides), workdir)
       )
@@ -104,7 +104,7 @@ def missing(run: str, args, overrides: dict) -> list[tuple[str, object, str]]:
 
 def time_to_target(runs: list[dict]) -> tuple[float | None, int]:
   """The mean simulated seconds to 0.95 over the seeds that reached it, and how many did."""
-  reached = [r for r in (asynchrony.first_reaching(run) for run in runs) if r is not None]
+  reached = [r for r in (harness.first_reaching(run) for run in runs) if r is not None]
   if not reached:
     return None, 0
   return sum(time for time, _ in reached) / len(reached), len(reached)
@@ -131,11 +131,11 @@ def write_table(rows, path, command, args, time_budget):
       note = "" if reached == args.seeds else f" ({reached}/{args.seeds} seeds)"
       to_target = f"{seconds:.2f}{note}"
     lines.append(
-      f"| {run} | {to_target} | {outer.at_budget(curves, 'sim/time', time_budget):.3f} "
-      f"| {outer.final(curves, 'eval/center_accuracy'):.3f} "
-      f"| {outer.final(curves, 'sim/time'):.2f} "
-      f"| {outer.final(curves, 'sim/worker_steps_mean'):.0f} "
-      f"| {outer.final(curves, 'comm/bytes_per_worker') / 1e6:.2f} |"
+      f"| {run} | {to_target} | {harness.at_budget(curves, 'sim/time', time_budget):.3f} "
+      f"| {harness.final(curves, 'eval/center_accuracy'):.3f} "
+      f"| {harness.final(curves, 'sim/time'):.2f} "
+      f"| {harness.final(curves, 'sim/worker_steps_mean'):.0f} "
+      f"| {harness.final(curves, 'comm/bytes_per_worker') / 1e6:.2f} |"
     )
   with open(path, "w") as table:
     table.write("\n".join(lines) + "\n")
@@ -150,7 +150,7 @@ def plot(rows, path, title, time_budget):
     color = plt.get_cmap("tab10").colors[n % 10]
     axes.plot([time[s] for s in steps], [accuracy[s] for s in steps], style, color=color, label=run)
   axes.axvline(time_budget, color="grey", linewidth=0.8)
-  axes.axhline(asynchrony.TARGET, color="grey", linewidth=0.8, linestyle=":")
+  axes.axhline(harness.TARGET, color="grey", linewidth=0.8, linestyle=":")
   axes.set_xlabel("simulated seconds")
   axes.set_ylabel("center test accuracy")
   axes.set_ylim(0.8, 1.0)
@@ -162,32 +162,20 @@ def plot(rows, path, title, time_budget):
 
 
 def main():
-  asynchrony.use_cpu_devices()
-  parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
+  harness.use_cpu_devices()
+  parser = harness.parser(__doc__, overrides=True)
   parser.add_argument("--total_steps", type=arguments.integer(1), default=600)
   parser.add_argument("--seeds", type=arguments.integer(1), default=3)
   parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated runs (RUNS)")
-  parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
-  parser.add_argument(
-    "--docs",
-    type=arguments.directory("--docs"),
-    default=os.path.join(os.path.dirname(__file__), "..", "docs"),
-  )
   executor.add_arguments(parser)
   args = parser.parse_args()
-  for name, made_by in (
-    ("heterogeneous_table.md", b"Made by `python studies/heterogeneous.py"),
-    ("heterogeneous.png", b"matplotlib"),
-  ):
-    arguments.check_overwritable(os.path.join(args.docs, name), made_by)
-  absl_logging.set_verbosity(absl_logging.WARNING)
+  harness.check_outputs(args.docs, "heterogeneous", "heterogeneous_table.md", "heterogeneous.png")
   chosen = args.runs.split(",")
   try:
     unknown = [run for run in chosen if run not in RUNS]
     if unknown:
       raise ConfigError(f"--runs: unknown {', '.join(unknown)}; allowed: {', '.join(RUNS)}")
-    overrides = asynchrony.parse_overrides(args.set)
+    overrides = harness.parse_overrides(args.set)
     parallel = executor.from_arguments(args)
     # Before anything trains: a bad setting or another study's workdir is one line
     # now, not a traceback an hour in.
@@ -200,21 +188,19 @@ def main():
     arguments.fail(str(error))
 
   to_train = [entry for run in chosen for entry in missing(run, args, overrides)]
-  with asynchrony.connected(parallel):
-    asynchrony.train_all(to_train, parallel, args.workdir, "heterogeneous")
+  with harness.connected(parallel):
+    harness.train_all(to_train, parallel, args.workdir, "heterogeneous")
   rows = {}
   for run in chosen:
     runs = [scalars.read(workdir_of(args, run, seed)) for seed in range(args.seeds)]
-    rows[run] = (asynchrony.mean_curves(runs), time_to_target(runs))
-  time_budget = min(outer.final(curves, "sim/time") for curves, _ in rows.values())
+    rows[run] = (harness.mean_curves(runs), time_to_target(runs))
+  time_budget = min(harness.final(curves, "sim/time") for curves, _ in rows.values())
   os.makedirs(args.docs, exist_ok=True)
-  command = " ".join(["python studies/heterogeneous.py", *sys.argv[1:]])
   table = os.path.join(args.docs, "heterogeneous_table.md")
-  write_table(rows, table, command, args, time_budget)
+  write_table(rows, table, harness.command("heterogeneous"), args, time_budget)
   title = f"LeNet-5 on mnist5k, 8 heterogeneous workers (mean of {args.seeds} seeds)"
   plot(rows, os.path.join(args.docs, "heterogeneous.png"), title, time_budget)
-  with open(table) as written:
-    print(written.read())
+  harness.print_table(table)
 
 
 if __name__ == "__main__":

@@ -24,18 +24,19 @@ within that budget.
 """
 
 import os
-import sys
 
-import asynchrony  # the sibling study's run and curve helpers
-import matplotlib.pyplot as plt
-from absl import logging as absl_logging
+import matplotlib
 
-from easgd import arguments, executor, rules
-from easgd.config import validation
-from easgd.configs import default
-from easgd.errors import ConfigError
-from easgd.infra import checkpoint, scalars
-from easgd.train import trainer
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from easgd import arguments, executor, rules  # noqa: E402
+from easgd.config import validation  # noqa: E402
+from easgd.configs import default  # noqa: E402
+from easgd.errors import ConfigError  # noqa: E402
+from easgd.infra import checkpoint, scalars  # noqa: E402
+from easgd.studies import harness  # noqa: E402
+from easgd.train import trainer  # noqa: E402
 
 DTYPES = ("bfloat16", "int8", "int4")
 EVERY = 25
@@ -97,42 +98,30 @@ def check(args, run: str, dtype: str, overrides: dict) -> None:
 
 def train(pairs, args, overrides, parallel, label: str) -> dict:
   """The mean curves of each (run, dtype) of `pairs` over the seeds, training what is
-  missing (`check` has accepted them all) as `asynchrony.train_all` does."""
+  missing (`check` has accepted them all) as `harness.train_all` does."""
   missing = []
   for run, dtype in pairs:
     for seed in range(args.seeds):
       workdir = workdir_of(args, run, dtype, seed)
       saved = checkpoint.saved_config(workdir)
-      if saved is None or asynchrony.saved_total_steps(saved) != args.total_steps:
+      if saved is None or harness.saved_total_steps(saved) != args.total_steps:
         config = config_for(run, dtype, args.total_steps, seed, overrides)
         missing.append((f"{run} ({dtype}), seed {seed}", config, workdir))
-  asynchrony.train_all(missing, parallel, args.workdir, label)
+  harness.train_all(missing, parallel, args.workdir, label)
   results = {}
   for run, dtype in pairs:
     seeds = [scalars.read(workdir_of(args, run, dtype, s)) for s in range(args.seeds)]
-    curves = asynchrony.mean_curves(seeds)
+    curves = harness.mean_curves(seeds)
     curves["megabytes"] = [(s, v / 1e6) for s, v in curves["comm/bytes_per_worker"]]
     results[run, dtype] = curves
   return results
-
-
-def at_budget(curves: dict, tag: str, budget: float) -> float:
-  """Center accuracy at the last evaluation whose `tag` is within `budget`."""
-  accuracy, used = dict(curves["eval/center_accuracy"]), dict(curves[tag])
-  within = [step for step in sorted(accuracy) if used[step] <= budget * (1 + 1e-9)]
-  return accuracy[within[-1]] if within else float("nan")
-
-
-def final(curves: dict, tag: str) -> float:
-  values = dict(curves[tag])
-  return values[max(values)]
 
 
 def peak_kilobytes(curves: dict) -> str:
   """The peak bytes a step sends, in kB; "-" for runs from before it was logged."""
   if "comm/peak_bytes_per_step" not in curves:
     return "-"
-  return f"{final(curves, 'comm/peak_bytes_per_step') / 1e3:.1f}"
+  return f"{harness.final(curves, 'comm/peak_bytes_per_step') / 1e3:.1f}"
 
 
 def write_table(results, path, command, args, time_budget, byte_budget):
@@ -156,10 +145,11 @@ def write_table(results, path, command, args, time_budget, byte_budget):
   ]
   for (run, dtype), curves in results.items():
     lines.append(
-      f"| {run} | {dtype} | {at_budget(curves, 'sim/time', time_budget):.3f} "
-      f"| {at_budget(curves, 'megabytes', byte_budget):.3f} "
-      f"| {final(curves, 'eval/center_accuracy'):.3f} | {final(curves, 'sim/time'):.2f} "
-      f"| {final(curves, 'megabytes'):.2f} "
+      f"| {run} | {dtype} | {harness.at_budget(curves, 'sim/time', time_budget):.3f} "
+      f"| {harness.at_budget(curves, 'megabytes', byte_budget):.3f} "
+      f"| {harness.final(curves, 'eval/center_accuracy'):.3f} "
+      f"| {harness.final(curves, 'sim/time'):.2f} "
+      f"| {harness.final(curves, 'megabytes'):.2f} "
       f"| {peak_kilobytes(curves)} |"
     )
   with open(path, "w") as table:
@@ -195,32 +185,20 @@ def plot(results, path, title):
 
 
 def main():
-  asynchrony.use_cpu_devices()
-  parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
+  harness.use_cpu_devices()
+  parser = harness.parser(__doc__, overrides=True)
   parser.add_argument("--total_steps", type=arguments.integer(1), default=400)
   parser.add_argument("--seeds", type=arguments.integer(1), default=3)
   parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated runs (RUNS)")
-  parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
-  parser.add_argument(
-    "--docs",
-    type=arguments.directory("--docs"),
-    default=os.path.join(os.path.dirname(__file__), "..", "docs"),
-  )
   executor.add_arguments(parser)
   args = parser.parse_args()
-  for name, made_by in (
-    ("outer_table.md", b"Made by `python studies/outer.py"),
-    ("outer.png", b"matplotlib"),
-  ):
-    arguments.check_overwritable(os.path.join(args.docs, name), made_by)
-  absl_logging.set_verbosity(absl_logging.WARNING)
+  harness.check_outputs(args.docs, "outer", "outer_table.md", "outer.png")
   chosen = args.runs.split(",")
   try:
     unknown = [run for run in chosen if run not in RUNS]
     if unknown:
       raise ConfigError(f"--runs: unknown {', '.join(unknown)}; allowed: {', '.join(RUNS)}")
-    overrides = asynchrony.parse_overrides(args.set)
+    overrides = harness.parse_overrides(args.set)
     parallel = executor.from_arguments(args)
     # Before anything trains: a bad setting or another study's workdir is one line
     # now, not a traceback hours in.
@@ -231,22 +209,21 @@ def main():
     arguments.fail(str(error))
 
   # Each chosen run in float32, then the best two with each compressed dtype.
-  with asynchrony.connected(parallel):
+  with harness.connected(parallel):
     results = train([(run, "float32") for run in chosen], args, overrides, parallel, "float32")
-    time_budget = min(final(s, "sim/time") for s in results.values())
-    best = sorted(chosen, key=lambda n: -at_budget(results[n, "float32"], "sim/time", time_budget))
+    time_budget = min(harness.final(s, "sim/time") for s in results.values())
+    float32 = {n: results[n, "float32"] for n in chosen}
+    best = sorted(chosen, key=lambda n: -harness.at_budget(float32[n], "sim/time", time_budget))
     compressed = [(run, dtype) for run in best[:2] for dtype in dtypes_of(run)]
     results |= train(compressed, args, overrides, parallel, "compressed")
-  time_budget = min(final(s, "sim/time") for s in results.values())
-  byte_budget = min(final(s, "megabytes") for s in results.values())
+  time_budget = min(harness.final(s, "sim/time") for s in results.values())
+  byte_budget = min(harness.final(s, "megabytes") for s in results.values())
   os.makedirs(args.docs, exist_ok=True)
-  command = " ".join(["python studies/outer.py", *sys.argv[1:]])
   table = os.path.join(args.docs, "outer_table.md")
-  write_table(results, table, command, args, time_budget, byte_budget)
+  write_table(results, table, harness.command("outer"), args, time_budget, byte_budget)
   title = f"LeNet-5 on mnist5k, 8 workers, tau = 4 (mean of {args.seeds} seeds)"
   plot(results, os.path.join(args.docs, "outer.png"), title)
-  with open(table) as written:
-    print(written.read())
+  harness.print_table(table)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ Writes docs/processes_table.md and docs/processes.png (accuracy against
 seconds, measured and predicted, for the first seed of part A).
 """
 
-import logging
 import os
 import subprocess
 import sys
@@ -56,16 +55,16 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from absl import logging as absl_logging  # noqa: E402
 
 from easgd import arguments, ray_connection  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.infra import scalars  # noqa: E402
+from easgd.studies import harness  # noqa: E402
 from easgd.train import trainer  # noqa: E402
 from easgd.train.runtimes import trace  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TARGET = 0.95
+TARGET = harness.TARGET
 EVERY = 25
 ASYNC_RULES = ("async_easgd", "async_measgd", "hogwild_easgd")
 STRAGGLERS, SLOWDOWNS = (2, 3), (2.0, 4.0)
@@ -270,8 +269,7 @@ def plot(part_a, path: str) -> None:
 
 
 def main():
-  parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
+  parser = harness.parser(__doc__)
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--total_steps", type=arguments.integer(EVERY), default=400)
   parser.add_argument("--rules", type=arguments.some_of(ASYNC_RULES), default=ASYNC_RULES)
@@ -281,11 +279,6 @@ def main():
     type=arguments.some_of(DOWNPOUR_WORKERS),
     default=DOWNPOUR_WORKERS,
   )
-  parser.add_argument(
-    "--docs",
-    type=arguments.directory("--docs"),
-    default=os.path.join(os.path.dirname(__file__), "..", "docs"),
-  )
   args = parser.parse_args()
   if 1 not in args.downpour_workers:
     parser.error("--downpour_workers needs 1: part B's speed-ups are over one worker")
@@ -294,15 +287,9 @@ def main():
   # The run's process: a CPU device a worker (the simulated predictions' layout too).
   jax.config.update("jax_num_cpu_devices", max(DOWNPOUR_WORKERS))
   seeds = [int(seed) for seed in args.seeds.split(",")]
-  for name, made_by in (
-    ("processes_table.md", b"Made by `python studies/processes.py"),
-    ("processes.png", b"matplotlib"),
-  ):
-    arguments.check_overwritable(os.path.join(args.docs, name), made_by)
+  harness.check_outputs(args.docs, "processes", "processes_table.md", "processes.png")
   if os.path.exists(args.workdir):
     arguments.fail(f"--workdir: {args.workdir} exists; give a new --workdir")
-  absl_logging.set_verbosity(absl_logging.WARNING)
-  logging.getLogger("absl").setLevel(logging.WARNING)
   import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)
 
   ray_connection.init(  # a Ray of its own, not the one `ray start` last started here
@@ -361,12 +348,10 @@ def main():
   ray.shutdown()
 
   os.makedirs(args.docs, exist_ok=True)
-  command = " ".join(["python studies/processes.py", *sys.argv[1:]])
   table = os.path.join(args.docs, "processes_table.md")
-  write_table(part_a, part_b, table, command)
+  write_table(part_a, part_b, table, harness.command("processes"))
   plot(part_a, os.path.join(args.docs, "processes.png"))
-  with open(table) as written:
-    print(written.read())
+  harness.print_table(table)
 
 
 if __name__ == "__main__":

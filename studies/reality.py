@@ -20,9 +20,7 @@ docs/reality.png (accuracy against seconds, measured and predicted).
 """
 
 import itertools
-import logging
 import os
-import sys
 import time
 
 import jax
@@ -34,17 +32,17 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from absl import logging as absl_logging  # noqa: E402
 
 from easgd import arguments, assembly  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.infra import scalars  # noqa: E402
 from easgd.sim import timing  # noqa: E402
+from easgd.studies import harness  # noqa: E402
 from easgd.train import trainer  # noqa: E402
 from easgd.train.runtimes import trace  # noqa: E402
 from easgd.train.runtimes.simulated import runtime as simulated  # noqa: E402
 
-TARGET = 0.95
+TARGET = harness.TARGET
 RULES = ("async_easgd", "hogwild_easgd", "sync_easgd")
 STRAGGLER, SLOWDOWN = 1, 2.0
 EVERY = 25
@@ -240,23 +238,11 @@ def plot(results, path, rules):
 
 
 def main():
-  parser = arguments.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
+  parser = harness.parser(__doc__)
   parser.add_argument("--total_steps", type=arguments.integer(EVERY), default=1000)
   parser.add_argument("--rules", type=arguments.some_of(RULES), default=RULES)
-  parser.add_argument(
-    "--docs",
-    type=arguments.directory("--docs"),
-    default=os.path.join(os.path.dirname(__file__), "..", "docs"),
-  )
   args = parser.parse_args()
-  for name, made_by in (
-    ("reality_table.md", b"Made by `python studies/reality.py"),
-    ("reality.png", b"matplotlib"),
-  ):
-    arguments.check_overwritable(os.path.join(args.docs, name), made_by)
-  absl_logging.set_verbosity(absl_logging.WARNING)
-  logging.getLogger("absl").setLevel(logging.WARNING)
+  harness.check_outputs(args.docs, "reality", "reality_table.md", "reality.png")
 
   results, rows = {}, []
   for number, (straggler, rule) in enumerate(itertools.product((False, True), args.rules), 1):
@@ -287,12 +273,10 @@ def main():
       }
     )
   os.makedirs(args.docs, exist_ok=True)
-  command = " ".join(["python studies/reality.py", *sys.argv[1:]])
   table = os.path.join(args.docs, "reality_table.md")
-  write_table(rows, table, command)
+  write_table(rows, table, harness.command("reality"))
   plot(results, os.path.join(args.docs, "reality.png"), args.rules)
-  with open(table) as written:
-    print(written.read())
+  harness.print_table(table)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,8 @@ Writes docs/scaling_tables.md and docs/scaling.png. Its parts:
 
 import argparse
 import dataclasses
-import logging
 import os
 import re
-import sys
 import time
 
 import jax
@@ -37,7 +35,6 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
-from absl import logging as absl_logging  # noqa: E402
 
 from easgd import arguments, assembly, rules, steps, sweep  # noqa: E402
 from easgd.configs import default  # noqa: E402
@@ -46,6 +43,7 @@ from easgd.errors import TrainingDiverged  # noqa: E402
 from easgd.infra import checkpoint, sharding  # noqa: E402
 from easgd.sim import sizing, ticks, timing  # noqa: E402
 from easgd.sim.clocks import Policy  # noqa: E402
+from easgd.studies import harness  # noqa: E402
 from easgd.train import trainer  # noqa: E402
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64)
@@ -360,11 +358,7 @@ def main():
   parser.add_argument("--steps", type=arguments.integer(1), default=STEPS, help="local steps")
   args = parser.parse_args()
   workers = args.workers
-  for name, made_by in (
-    ("scaling_tables.md", b"Made by `python studies/scaling.py"),
-    ("scaling.png", b"matplotlib"),
-  ):
-    arguments.check_overwritable(os.path.join(args.out, name), made_by)
+  harness.check_outputs(args.out, "scaling", "scaling_tables.md", "scaling.png")
   # The measured part's virtual devices, before JAX starts its backend.
   jax.config.update("jax_num_cpu_devices", max(MEASURED_WORKERS))
   parts = set(args.parts.split(","))
@@ -373,10 +367,8 @@ def main():
     arguments.fail(
       f"--parts {','.join(sorted(unknown))} unknown; valid: model, measured, accuracy, sc17"
     )
-  absl_logging.set_verbosity(absl_logging.WARNING)
-  logging.getLogger("absl").setLevel(logging.WARNING)
   os.makedirs(args.out, exist_ok=True)
-  command = "python studies/scaling.py " + " ".join(sys.argv[1:])
+  command = harness.command("scaling")
   lines = [f"Made by `{command}`.", ""]
   table = model_scaling(workers, args.steps) if "model" in parts else {}
   measured_workers = tuple(p for p in workers if p <= max(MEASURED_WORKERS))

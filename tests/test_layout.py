@@ -11,6 +11,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # Where each installed package lives in the repository.
 PACKAGE_DIRS = {"easgd": REPO / "easgd", "easgd.models": REPO / "models"}
 PACKAGE_DIRS["easgd.configs"] = REPO / "configs"
+PACKAGE_DIRS["easgd.studies"] = REPO / "studies"
 # The package's layers, from the bottom: a module imports its own layer or lower
 # ones. The entry points and the packaged configs sit on top.
 LAYERS = (
@@ -23,6 +24,7 @@ LAYERS = (
   ("easgd.config",),
   ("easgd.train",),
   ("easgd.cli", "easgd.plan", "easgd.sweep", "easgd.executor", "easgd.launch", "easgd.configs"),
+  ("easgd.studies",),
 )
 # Spelled in pieces so that this file does not name them itself.
 IMPORT_PATH = "sys." + "path"

@@ -22,7 +22,13 @@ REPO = pathlib.Path(runs.REPO)
 FOLDERS = ("bench", "bench/cpu", "studies")
 
 # Imported by the scripts below, run through them.
-IMPORTED = {"bench/cpu/peer_steps.py", "bench/cpu/torch_models.py", "studies/fault_injections.py"}
+IMPORTED = {
+  "bench/cpu/peer_steps.py",
+  "bench/cpu/torch_models.py",
+  "studies/__init__.py",
+  "studies/fault_injections.py",
+  "studies/harness.py",
+}
 # They measure a GPU; without one they refuse (tests/bench/test_bench_arguments.py).
 GPU_ONLY = {"bench/gpu.py", "bench/gpu_check.py"}
 # Run end to end by another test.

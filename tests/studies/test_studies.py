@@ -1,7 +1,6 @@
 """The studies' scripts: what they may delete, and the settings they describe."""
 
 import argparse
-import importlib.util
 import pathlib
 
 import numpy as np
@@ -11,19 +10,9 @@ import runs
 from easgd import arguments, assembly
 from easgd.config import validation
 from easgd.sim import timing
+from easgd.studies import asynchrony, faults, heterogeneous, processes, scaling
 
 REPO = pathlib.Path(runs.REPO)
-
-
-def _load(name: str):
-  spec = importlib.util.spec_from_file_location(name, REPO / "studies" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-faults = _load("faults")
-processes = _load("processes")
 
 
 def test_the_faults_study_refuses_a_directory_it_did_not_make(tmp_path, capsys):
@@ -66,9 +55,6 @@ def test_the_faults_study_refuses_to_overwrite_a_table_it_did_not_write(
   assert exit_info.value.code == 2
   assert "was not written by this tool" in capsys.readouterr().err
   assert out.read_text() == "a user's table\n" and not (tmp_path / "runs").exists()
-
-
-heterogeneous = _load("heterogeneous")
 
 
 def test_the_heterogeneous_cluster_is_what_its_study_says():
@@ -132,9 +118,6 @@ def test_a_study_with_parallel_runs_writes_the_table_of_the_study_run_in_series(
   assert tables[0] == tables[1] and sum(line.startswith("| ") for line in tables[0]) == 2
 
 
-scaling = _load("scaling")
-
-
 @pytest.mark.parametrize("text", ["2,4", "1,3", "1,4,2", "1,1", "", "x"])
 def test_the_scaling_study_takes_increasing_worker_counts_from_1_that_divide_its_batch(text):
   with pytest.raises(argparse.ArgumentTypeError, match="increasing worker counts from 1 that"):
@@ -169,9 +152,6 @@ def test_a_part_that_cannot_run_is_refused_in_one_line(
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and said in err, err
   assert not (tmp_path / "runs").exists()
-
-
-asynchrony = _load("asynchrony")
 
 
 def test_the_asynchrony_table_marks_a_rule_with_no_evaluation_within_the_common_time(tmp_path):

@@ -1,0 +1,156 @@
+"""What every study shares: its command line (--workdir, --docs, --set), the
+overwrite checks of the files it writes, its runs (trained one after another or in
+parallel on Ray, a bad setting or a failed run ending it in one line), the curves
+read back from them, and the table it prints.
+"""
+
+import ast
+import contextlib
+import logging
+import os
+import sys
+
+import jax
+from absl import logging as absl_logging
+
+from easgd import arguments, executor
+from easgd.config import schema
+from easgd.configs import default
+from easgd.errors import ConfigError
+
+# The center test accuracy a study times its runs to.
+TARGET = 0.95
+# CPU devices a study's process has: one a worker.
+CPU_DEVICES = 8
+DOCS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs")
+
+
+def use_cpu_devices(count: int = CPU_DEVICES) -> None:
+  """Gives JAX `count` CPU devices, one a worker: the first thing a study's `main` does,
+  before anything touches a device (importing a study does not)."""
+  jax.config.update("jax_num_cpu_devices", count)
+
+
+def parser(doc: str, *, overrides: bool = False) -> arguments.ArgumentParser:
+  """A study's parser: its description (the first line of `doc`), --workdir (its runs,
+  required), --docs (where its table and plot go) and, with `overrides`, --set."""
+  parsed = arguments.ArgumentParser(description=doc.splitlines()[0])
+  parsed.add_argument("--workdir", required=True, type=arguments.directory("--workdir"))
+  parsed.add_argument("--docs", type=arguments.directory("--docs"), default=DOCS)
+  if overrides:
+    parsed.add_argument(
+      "--set", action="append", default=[], metavar="FIELD=VALUE", help="a config override"
+    )
+  return parsed
+
+
+def check_outputs(folder: str, script: str, table: str, plot: str) -> None:
+  """Refuses (one line, exit 2) to write over a `table` or `plot` in `folder` that
+  `python studies/<script>.py` did not make; then quiets absl's per-run lines."""
+  arguments.check_overwritable(
+    os.path.join(folder, table), f"Made by `python studies/{script}.py".encode()
+  )
+  arguments.check_overwritable(os.path.join(folder, plot), b"matplotlib")
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  logging.getLogger("absl").setLevel(logging.WARNING)
+
+
+def command(script: str) -> str:
+  """The command line that ran the study, as its table quotes it."""
+  return " ".join([f"python studies/{script}.py", *sys.argv[1:]])
+
+
+def print_table(path: str) -> None:
+  with open(path) as written:
+    print(written.read())
+
+
+def parse_overrides(assignments: list[str]) -> dict:
+  """["cluster.bandwidth=1.25e7"] -> {"cluster.bandwidth": 12500000.0}; raises ConfigError."""
+  known = schema.flatten(default.get_config().to_dict())
+  overrides = {}
+  for assignment in assignments:
+    field, equals, value = assignment.partition("=")
+    if equals and field not in known and schema.moved(field) in known:
+      raise ConfigError(f"--set {assignment!r}: {schema.hint(field)}")
+    if not equals or field not in known:
+      raise ConfigError(
+        f"--set {assignment!r}: expected FIELD=VALUE with FIELD a config field "
+        "(e.g. cluster.bandwidth=1.25e7, outer.comm_period=8)"
+      )
+    try:
+      overrides[field] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      raise ConfigError(
+        f"--set {assignment!r}: {value!r} is not a Python literal (a number, string or tuple)"
+      ) from None
+  return overrides
+
+
+def saved_total_steps(saved: dict):
+  """run.total_steps of a checkpoint's config (whose fields may have the old flat names)."""
+  return schema.grouped(saved).get("run.total_steps")
+
+
+@contextlib.contextmanager
+def connected(parallel):
+  """The Ray of `parallel` (nothing for runs one after another) for a study's runs: a
+  Ray that cannot start, or whose nodes cannot place a run, ends the study in one
+  line (exit 2) before anything trains."""
+  try:
+    with executor.maybe_connected(parallel):
+      yield
+  except ConfigError as error:
+    arguments.fail(str(error))
+
+
+def train_all(runs: list[tuple[str, object, str]], parallel, workdir: str, label: str) -> None:
+  """Trains `runs` ((name, config, workdir) each): one after another in this process,
+  or in parallel as Ray tasks (easgd.executor; --parallel). A run that diverges or
+  fails ends the study in one line (exit 1) once the others are done."""
+  try:
+    jobs = executor.config_jobs(runs, CPU_DEVICES)
+    outcomes = executor.run(jobs, parallel, workdir, label=label)
+  except ConfigError as error:
+    arguments.fail(str(error))
+  except executor.Stopped:  # a preemption notice: that run saved where it was
+    print(f"{label}: stopped; run the same command to resume", flush=True)
+    sys.exit(0)
+  pairs = zip(jobs, outcomes, strict=True)
+  failed = [f"{job.name} {outcome.status}" for job, outcome in pairs if outcome.code != 0]
+  if failed:
+    arguments.fail(
+      f"{label}: {len(failed)} of {len(jobs)} runs did not finish: " + "; ".join(failed), code=1
+    )
+
+
+def mean_curves(runs: list[dict]) -> dict[str, list[tuple[int, float]]]:
+  """Per tag, the mean over seeds at each step that every seed logged."""
+  result = {}
+  for tag in set.intersection(*(set(run) for run in runs)):
+    by_step = [dict(run[tag]) for run in runs]
+    common = sorted(set.intersection(*(set(values) for values in by_step)))
+    result[tag] = [(step, sum(v[step] for v in by_step) / len(runs)) for step in common]
+  return result
+
+
+def first_reaching(curves: dict):
+  """(sim seconds, mean worker steps) at the first evaluation >= TARGET, or None."""
+  accuracy = dict(curves["eval/center_accuracy"])
+  reached = [step for step in sorted(accuracy) if accuracy[step] >= TARGET]
+  if not reached:
+    return None
+  return dict(curves["sim/time"])[reached[0]], dict(curves["sim/worker_steps_mean"])[reached[0]]
+
+
+def at_budget(curves: dict, tag: str, budget: float) -> float:
+  """Center accuracy at the last evaluation whose `tag` is within `budget`."""
+  accuracy, used = dict(curves["eval/center_accuracy"]), dict(curves[tag])
+  within = [step for step in sorted(accuracy) if used[step] <= budget * (1 + 1e-9)]
+  return accuracy[within[-1]] if within else float("nan")
+
+
+def final(curves: dict, tag: str) -> float:
+  """A tag's last logged value."""
+  values = dict(curves[tag])
+  return values[max(values)]
