@@ -92,10 +92,10 @@ def main():
     sys.exit("error: --models and --batch_size must be multiples of --devices")
 
   dataset = datasets.load_dataset("mnist5k")
-  # The default config's network (LeNet-5, float32), as train.py builds it.
-  built = assembly.network(
-    default.get_config(), dataset.num_classes, dataset.train_images.shape[1:], dataset
-  )
+  # LeNet-5 in float32, as train.py builds it.
+  config = default.get_config()
+  config.model, config.dtype = "lenet5", "float32"
+  built = assembly.for_dataset(config, dataset)
   loss_fn, init_params = built.loss_fn, built.init_params
 
   mesh = sharding.make_mesh(num_devices)

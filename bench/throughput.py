@@ -102,10 +102,10 @@ def main():
     parser.error(f"--workers={args.workers} is invalid: must be a multiple of 8 (the devices)")
 
   dataset = datasets.load_dataset("mnist5k")
-  # The default config's network (LeNet-5, float32), as train.py builds it.
-  built = assembly.network(
-    default.get_config(), dataset.num_classes, dataset.train_images.shape[1:], dataset
-  )
+  # LeNet-5 in float32, as train.py builds it.
+  config = default.get_config()
+  config.model, config.dtype = "lenet5", "float32"
+  built = assembly.for_dataset(config, dataset)
   params, loss_fn = built.init_params(jax.random.PRNGKey(0)), built.loss_fn
   images_per_step = args.workers * args.batch_size
   platform = jax.devices()[0].platform
@@ -134,7 +134,6 @@ def main():
     )
   }
 
-  config = default.get_config()
   cluster = timing.Cluster.from_config(config.cluster)
   model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
   mesh = sharding.make_mesh(8)

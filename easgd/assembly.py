@@ -73,6 +73,11 @@ def network(
   )
 
 
+def for_dataset(config: ml_collections.ConfigDict, dataset) -> Network:
+  """`network` for a loaded Dataset: its classes, its images' shape, its statistics."""
+  return network(config, dataset.num_classes, dataset.train_images.shape[1:], dataset)
+
+
 def rule(config: ml_collections.ConfigDict) -> Rule:
   """The rule of config.algorithm, with the hyper-parameters `config` gives it (the
   pipeline has none: easgd.pipeline.programs builds each of its models')."""

@@ -20,16 +20,16 @@ from jax.sharding import PartitionSpec as P
 
 from easgd.data import augment as augment_lib
 from easgd.data.batches import augment_local_batches, sample_local_batches
-from easgd.data.datasets import Dataset
 from easgd.infra import sharding
 from easgd.rules import AXIS, LossFn, Rule, TickInputs, TrainState, model_state
 
 
-def make_normalize(dataset: Dataset) -> Callable[[jax.Array], jax.Array]:
-  """uint8 images -> float32 (image/max_value - mean)/std, per channel."""
-  mean = jnp.asarray(dataset.mean, jnp.float32)
-  std = jnp.asarray(dataset.std, jnp.float32)
-  scale = 1.0 / dataset.max_value
+def make_normalize(statistics) -> Callable[[jax.Array], jax.Array]:
+  """uint8 images -> float32 (image/max_value - mean)/std, per channel; `statistics`:
+  a Dataset, or its easgd.assembly.Normalization."""
+  mean = jnp.asarray(statistics.mean, jnp.float32)
+  std = jnp.asarray(statistics.std, jnp.float32)
+  scale = 1.0 / statistics.max_value
 
   def normalize(images):
     return (images.astype(jnp.float32) * scale - mean) / std

@@ -178,6 +178,7 @@ def main():
   executor.add_arguments(parser)
   args = parser.parse_args()
   harness.check_outputs(args.docs, "asynchrony", f"{args.name}_table.md", f"{args.name}.png")
+  harness.quiet()
 
   chosen = args.rules.split(",")
   try:

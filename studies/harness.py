@@ -46,11 +46,15 @@ def parser(doc: str, *, overrides: bool = False) -> arguments.ArgumentParser:
 
 def check_outputs(folder: str, script: str, table: str, plot: str) -> None:
   """Refuses (one line, exit 2) to write over a `table` or `plot` in `folder` that
-  `python studies/<script>.py` did not make; then quiets absl's per-run lines."""
+  `python studies/<script>.py` did not make."""
   arguments.check_overwritable(
     os.path.join(folder, table), f"Made by `python studies/{script}.py".encode()
   )
   arguments.check_overwritable(os.path.join(folder, plot), b"matplotlib")
+
+
+def quiet() -> None:
+  """Leaves absl's per-run lines out of a study's output (its warnings stay)."""
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger("absl").setLevel(logging.WARNING)
 

@@ -170,6 +170,7 @@ def main():
   executor.add_arguments(parser)
   args = parser.parse_args()
   harness.check_outputs(args.docs, "heterogeneous", "heterogeneous_table.md", "heterogeneous.png")
+  harness.quiet()
   chosen = args.runs.split(",")
   try:
     unknown = [run for run in chosen if run not in RUNS]

@@ -193,6 +193,7 @@ def main():
   executor.add_arguments(parser)
   args = parser.parse_args()
   harness.check_outputs(args.docs, "outer", "outer_table.md", "outer.png")
+  harness.quiet()
   chosen = args.runs.split(",")
   try:
     unknown = [run for run in chosen if run not in RUNS]

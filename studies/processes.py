@@ -288,6 +288,7 @@ def main():
   jax.config.update("jax_num_cpu_devices", max(DOWNPOUR_WORKERS))
   seeds = [int(seed) for seed in args.seeds.split(",")]
   harness.check_outputs(args.docs, "processes", "processes_table.md", "processes.png")
+  harness.quiet()
   if os.path.exists(args.workdir):
     arguments.fail(f"--workdir: {args.workdir} exists; give a new --workdir")
   import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)

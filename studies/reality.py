@@ -243,6 +243,7 @@ def main():
   parser.add_argument("--rules", type=arguments.some_of(RULES), default=RULES)
   args = parser.parse_args()
   harness.check_outputs(args.docs, "reality", "reality_table.md", "reality.png")
+  harness.quiet()
 
   results, rows = {}, []
   for number, (straggler, rule) in enumerate(itertools.product((False, True), args.rules), 1):

@@ -124,7 +124,7 @@ def measured_images_per_sec(workers: int, batch: int, num_steps: int = 30) -> fl
   dataset = datasets.load_dataset("mnist5k")
   mesh = sharding.make_mesh(workers)
   config.algorithm = SYNC_ELASTIC
-  built = assembly.network(config, dataset.num_classes, dataset.train_images.shape[1:], dataset)
+  built = assembly.for_dataset(config, dataset)
   params = built.init_params(jax.random.PRNGKey(0))
   rule = assembly.rule(config)
   state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
@@ -359,6 +359,7 @@ def main():
   args = parser.parse_args()
   workers = args.workers
   harness.check_outputs(args.out, "scaling", "scaling_tables.md", "scaling.png")
+  harness.quiet()
   # The measured part's virtual devices, before JAX starts its backend.
   jax.config.update("jax_num_cpu_devices", max(MEASURED_WORKERS))
   parts = set(args.parts.split(","))

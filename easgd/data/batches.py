@@ -43,7 +43,7 @@ def partition(images, labels, num_workers: int, seed: int) -> tuple[np.ndarray, 
 
 
 def place_partitions(mesh: Mesh, images, labels, parts: int, seed: int):
-  """The training set split into `parts` partitions (data.partition_indices), placed
+  """The training set split into `parts` partitions (`partition_indices`), placed
   once: partition i on the device that owns row i of the `workers` axis.
 
   Each process reads only the rows of the partitions its own devices hold, so

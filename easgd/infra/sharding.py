@@ -1,4 +1,5 @@
-"""The device mesh and how the training state and data are laid out on it.
+"""The device mesh and how the training state is laid out on it (the training data's
+partitions: easgd.data.batches).
 
 Workers are an array axis, not devices: P workers live on the 1-D mesh axis
 `workers` over D devices (D divides P), so each device holds P/D workers.

@@ -57,6 +57,8 @@ class AsyncLocalSGD(ParameterServerRule):
   # eta_o = 0.7 diverged (center accuracy 0.1 at step 100 of a run of 100); at
   # N = 8 it ended at 0.975 (python bench/rule_defaults.py; bench/README.md).
   defaults = types.MappingProxyType({"outer.momentum_period": 8})
+  # A joining worker's anchor would be the center, not zero: `serve_reset` cannot restart it.
+  rejoins = False
   reads = (
     *BASE_READS,
     "outer.comm_period",
@@ -89,9 +91,6 @@ class AsyncLocalSGD(ParameterServerRule):
 
   def request_fields(self):
     return ("anchor",)
-
-  # A joining worker's anchor would be the center, not zero: `serve_reset` cannot restart it.
-  rejoins = False
 
   def init(self, params, rng):
     state = super().init(params, rng)

@@ -72,10 +72,15 @@ def model_shapes(config: ml_collections.ConfigDict):
   """The shapes of the tree of config.model on config.data.dataset, traced without data."""
   shape = shape_of(config.data.dataset, config.run.data_dir)
   normalization = assembly.Normalization.stand_in(shape.image_shape[-1])
-  built = assembly.network(config, shape.num_classes, shape.image_shape, normalization)
-  # Traced whole, the key included: the checks that call this run before train.py
-  # sets the devices, and an array made outside the trace would start a backend.
-  return jax.eval_shape(lambda: built.init_params(jax.random.PRNGKey(0)))
+
+  def shapes():
+    built = assembly.network(config, shape.num_classes, shape.image_shape, normalization)
+    return built.init_params(jax.random.PRNGKey(0))
+
+  # Traced whole, the network and the key included: the checks that call this run
+  # before train.py sets the devices, and an array made outside the trace (the
+  # normalisation's constants too) would start a backend.
+  return jax.eval_shape(shapes)
 
 
 def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) -> Dataset:
@@ -107,7 +112,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequ
       "(docs/asynchrony.md, 'Beyond one host')"
     )
   mesh = sharding.make_mesh(num_devices)
-  built = assembly.network(config, dataset.num_classes, dataset.train_images.shape[1:], dataset)
+  built = assembly.for_dataset(config, dataset)
 
   placement = stream.choose(
     config.data, dataset.train_images.shape[1:], len(dataset.train_labels), parts, num_devices
