@@ -17,7 +17,7 @@ import sys
 from absl import app, flags, logging
 
 from easgd import cli
-from easgd.config import schema
+from easgd.config import hyperparameters
 from easgd.errors import CheckpointUnreadable, ConfigError, TrainingDiverged, WorkerFailed
 from easgd.infra import compile as compile_lib
 from easgd.infra import distributed, platform, sharding, watchdog
@@ -66,7 +66,7 @@ def main(argv):
     # The backend's own settings (easgd.infra.platform) are made before JAX
     # starts its backends, and only for the backend that runs. Each process
     # gets an equal share of the run's devices.
-    devices = schema.resolve_devices(config)
+    devices = hyperparameters.resolve_devices(config)
     if devices % processes:
       raise ConfigError(
         f"config.run.devices={devices} is invalid: must be a multiple of the {processes} processes"

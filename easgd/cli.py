@@ -17,7 +17,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from easgd.arguments import check_workdir, fail, first_line, load_file, port_problem
-from easgd.config import schema
+from easgd.config import hyperparameters
 from easgd.infra import checkpoint
 
 __all__ = [
@@ -37,12 +37,12 @@ __all__ = [
 def _config_field_error(error: Exception):
   """One line for an unknown --config.FIELD override (exit 2)."""
   del error  # ml_collections' message escapes and wraps the name: find it in argv
-  known = schema.flatten(schema.default_config().to_dict())
+  known = hyperparameters.flatten(hyperparameters.default_config().to_dict())
   for arg in sys.argv[1:]:
     if arg.startswith("--config."):
       field = arg.removeprefix("--config.").partition("=")[0]
       if field not in known and not any(k.startswith(field + ".") for k in known):
-        fail(schema.hint(field))
+        fail(hyperparameters.hint(field))
   overrides = " ".join(arg for arg in sys.argv[1:] if arg.startswith("--config."))
   fail(f"unknown config field in {overrides}")
 
@@ -61,10 +61,10 @@ def config_value(holder):
 
 def with_rule_defaults(config, workdir: str | None = None):
   """`config` with the chosen rule's own defaults where neither the command line nor
-  the config file chose those fields (easgd.config.schema.with_rule_defaults),
+  the config file chose those fields (easgd.config.hyperparameters.with_rule_defaults),
   as the checkpoint in `workdir` has them if there is one; a log line names them."""
   saved = checkpoint.saved_config(workdir) if workdir is not None else None
-  applied = schema.with_rule_defaults(config, given_fields(sys.argv[1:]), saved)
+  applied = hyperparameters.with_rule_defaults(config, given_fields(sys.argv[1:]), saved)
   if applied:
     values = ", ".join(f"config.{path}={value!r}" for path, value in applied.items())
     if saved is not None:
@@ -140,7 +140,7 @@ def takes_value(name: str, flag_values: flags.FlagValues) -> bool | None:
   if name in flag_values:
     return not flag_values[name].boolean
   if name.startswith(("config.", "noconfig.")):
-    fields = schema.flatten(schema.default_config().to_dict())
+    fields = hyperparameters.flatten(hyperparameters.default_config().to_dict())
     value = fields.get(name.partition(".")[2], _NO_FIELD)
     if value is _NO_FIELD:
       return None  # an unknown field: named by _config_field_error

@@ -35,7 +35,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from easgd import assembly, cli, steps
-from easgd.config import schema, validation
+from easgd.config import hyperparameters, validation
 from easgd.data import datasets, stream
 from easgd.errors import ConfigError
 from easgd.infra import platform, sharding
@@ -336,7 +336,7 @@ def check_plannable(config: ml_collections.ConfigDict) -> None:
 def make_plan(config: ml_collections.ConfigDict) -> Plan:
   """Compiles the config's step and solves the memory rule and the timing model."""
   check_plannable(config)
-  mesh = sharding.make_mesh(schema.resolve_devices(config, len(jax.devices())))
+  mesh = sharding.make_mesh(hyperparameters.resolve_devices(config, len(jax.devices())))
   compiler = StepCompiler(config, mesh)
   memory = measure_memory(compiler, config.data.batch_size)
   device_memory = config.device.memory
@@ -395,7 +395,7 @@ def main(argv, config_flag):
   try:
     check_plannable(config)
     if platform.expected_backend() == "cpu":
-      sharding.configure_cpu_devices(schema.resolve_devices(config))
+      sharding.configure_cpu_devices(hyperparameters.resolve_devices(config))
     print(make_plan(config).report())
   except ConfigError as error:
     cli.fail(str(error))

@@ -18,7 +18,7 @@ import os
 import ml_collections
 
 from easgd import arguments
-from easgd.config import schema, validation
+from easgd.config import hyperparameters, validation
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint, scalars
 from easgd.train import trainer
@@ -124,14 +124,15 @@ def check_points(
   `source`, the sweep's file, when given).
   """
   where = f"{source}: " if source else ""
-  known = schema.flatten(config.to_dict())
+  known = hyperparameters.flatten(config.to_dict())
   folders = {}
   for number, point in enumerate(points):
     label = f"{where}sweep point {number} ({name(point)})"
     for field in point:
       if field not in known:
         raise ConfigError(
-          f"{label}: {schema.hint(field)} (get_sweep() returns a list of dicts of config fields)"
+          f"{label}: {hyperparameters.hint(field)} "
+          "(get_sweep() returns a list of dicts of config fields)"
         )
       if field in fixed:
         raise ConfigError(
@@ -154,7 +155,7 @@ def check_points(
       swept = apply(config, point)
       # As train.py takes them: the checkpoint's values where it resumes one.
       saved = checkpoint.saved_config(run_dir) if run_dir else None
-      schema.with_rule_defaults(swept, set(point) | fixed, saved)
+      hyperparameters.with_rule_defaults(swept, set(point) | fixed, saved)
       if each_valid:
         trainer.check(swept)
       if run_dir:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 from easgd import arguments
-from easgd.config import schema
+from easgd.config import hyperparameters
 from easgd.infra import scalars
 from easgd.studies import fault_injections as inject  # the run and the injections
 
@@ -104,7 +104,7 @@ FAULTS = [
   ),
   Fault(
     "SIGTERM to the only process",
-    schema.PIPELINE,
+    hyperparameters.PIPELINE,
     1,
     inject.preempt,
     "tests/infra/test_preemption.py::test_preempted_run_resumes_bitwise",

@@ -14,7 +14,7 @@ import jax
 from absl import logging as absl_logging
 
 from easgd import arguments, executor
-from easgd.config import schema
+from easgd.config import hyperparameters
 from easgd.configs import default
 from easgd.errors import ConfigError
 
@@ -71,12 +71,12 @@ def print_table(path: str) -> None:
 
 def parse_overrides(assignments: list[str]) -> dict:
   """["cluster.bandwidth=1.25e7"] -> {"cluster.bandwidth": 12500000.0}; raises ConfigError."""
-  known = schema.flatten(default.get_config().to_dict())
+  known = hyperparameters.flatten(default.get_config().to_dict())
   overrides = {}
   for assignment in assignments:
     field, equals, value = assignment.partition("=")
-    if equals and field not in known and schema.moved(field) in known:
-      raise ConfigError(f"--set {assignment!r}: {schema.hint(field)}")
+    if equals and field not in known and hyperparameters.moved(field) in known:
+      raise ConfigError(f"--set {assignment!r}: {hyperparameters.hint(field)}")
     if not equals or field not in known:
       raise ConfigError(
         f"--set {assignment!r}: expected FIELD=VALUE with FIELD a config field "
@@ -93,7 +93,7 @@ def parse_overrides(assignments: list[str]) -> dict:
 
 def saved_total_steps(saved: dict):
   """run.total_steps of a checkpoint's config (whose fields may have the old flat names)."""
-  return schema.grouped(saved).get("run.total_steps")
+  return hyperparameters.grouped(saved).get("run.total_steps")
 
 
 @contextlib.contextmanager

@@ -1,2 +1,3 @@
-"""The configuration: its schema (groups, defaults, what shapes a trajectory, old
-names), and the checks of its fields."""
+"""The configuration: every field declared once (fields.py), what the declarations
+imply (hyperparameters.py: the defaults, which fields shape a trajectory, old names),
+and the checks of its fields."""

@@ -9,8 +9,8 @@ what that version did. From these come:
   * each field's own check (`easgd.config.validation`; checks that span
     fields live on the rule or the runtime that needs them);
   * which fields shape a trajectory, so are hyper-parameters and must match
-    on resume (`easgd.config.schema.shapes_trajectory`);
-  * the migration hints of old names (`schema.MOVED`, `schema.EARLIER_VALUES`);
+    on resume (`easgd.config.hyperparameters.shapes_trajectory`);
+  * the migration hints of old names (`hyperparameters.MOVED`, `hyperparameters.EARLIER_VALUES`);
   * docs/configuration.md (`easgd.config.reference`; a test keeps it equal).
 """
 

@@ -6,12 +6,12 @@ rule (easgd.config.optimizer_checks), how the units spread over the devices,
 and what the algorithm asks, on the rule (easgd.rules.checks) or the
 pipeline (easgd.pipeline.checks). What a runtime asks is the runtime's
 (easgd.train.runtimes.select). Which fields may change on resume comes from
-easgd.config.schema.
+easgd.config.hyperparameters.
 """
 
 import ml_collections
 
-from easgd.config import fields, optimizer_checks, schema
+from easgd.config import fields, hyperparameters, optimizer_checks
 from easgd.errors import ConfigError, require
 from easgd.infra import checkpoint, profiler
 from easgd.pipeline import checks as pipeline_checks
@@ -24,19 +24,21 @@ def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError naming the first field that is unknown or out of range."""
   # A config file may only set the fields there are: an old flat name or a
   # typo would otherwise be a field nothing reads.
-  given = schema.flatten(config.to_dict())
+  given = hyperparameters.flatten(config.to_dict())
   for field in given:
     if field not in fields.FIELDS:
-      raise ConfigError(schema.hint(field))
+      raise ConfigError(hyperparameters.hint(field))
   for field in fields.FIELDS_DECLARED:
-    value = schema.lookup(config, field.path)
+    value = hyperparameters.lookup(config, field.path)
     require(field.allowed.accepts(value), field.path, value, field.allowed.text)
   why = profiler.refusal(config.run.profile, config.run.total_steps)
   require(why is None, "run.profile", config.run.profile, why)
   optimizer_checks.validate_optimizer(config)
   optimizer_checks.validate_outer_optimizer(config)
-  _require_spread(config, "pipeline.models" if config.algorithm == schema.PIPELINE else "workers")
-  if config.algorithm == schema.PIPELINE:
+  _require_spread(
+    config, "pipeline.models" if config.algorithm == hyperparameters.PIPELINE else "workers"
+  )
+  if config.algorithm == hyperparameters.PIPELINE:
     pipeline_checks.check(config)
   else:
     _require_stragglers_among_workers(config)
@@ -53,7 +55,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def _require_spread(config: ml_collections.ConfigDict, field: str) -> None:
   """run.devices divides config.<field> (workers or pipeline.models)."""
-  count, devices = schema.lookup(config, field), config.run.devices
+  count, devices = hyperparameters.lookup(config, field), config.run.devices
   require(
     devices == 0 or count % devices == 0,
     "run.devices",
@@ -83,7 +85,7 @@ def _require_stragglers_among_workers(config: ml_collections.ConfigDict) -> None
 def validate_partition(config: ml_collections.ConfigDict, train_examples: int, parts: int) -> None:
   """The batch must fit in each partition of the training set (a worker's or a device's)."""
   per_part = train_examples // parts
-  owner = "device" if config.algorithm == schema.PIPELINE else "worker"
+  owner = "device" if config.algorithm == hyperparameters.PIPELINE else "worker"
   require(
     config.data.batch_size <= per_part,
     "data.batch_size",
@@ -97,16 +99,17 @@ def check_resumable(
   saved: dict, config: ml_collections.ConfigDict, workdir: str, revision: int
 ) -> None:
   """A workdir's checkpoint may only be resumed by a configuration that trains the same
-  trajectory: only fields that do not shape it (easgd.config.schema) may differ,
+  trajectory: only fields that do not shape it (easgd.config.hyperparameters) may differ,
   and its rule's equations must not have changed since the checkpoint's
   `revision` (easgd.infra.checkpoint.REVISION, `Rule.changed_since`)."""
   # A checkpoint of an earlier version has flat names: compare under the grouped ones.
-  saved = schema.grouped(saved)
-  current = schema.flatten(config.to_dict())
+  saved = hyperparameters.grouped(saved)
+  current = hyperparameters.flatten(config.to_dict())
   missing = [
     field
     for field in sorted(current)
-    if field not in saved and schema.shapes_trajectory(field, config.algorithm, config.optimizer)
+    if field not in saved
+    and hyperparameters.shapes_trajectory(field, config.algorithm, config.optimizer)
   ]
   if missing:
     # Its state has another structure too: nothing of it can be restored.
@@ -115,7 +118,7 @@ def check_resumable(
       f"has no config.{missing[0]}; this version cannot resume it: use another --workdir"
     )
   for field in sorted(set(saved) | set(current)):
-    if not schema.shapes_trajectory(field, config.algorithm, config.optimizer):
+    if not hyperparameters.shapes_trajectory(field, config.algorithm, config.optimizer):
       continue
     if saved.get(field) != current.get(field):
       raise ConfigError(

@@ -46,7 +46,7 @@ from easgd.rules import AXIS
 DEVICE, STREAM, AUTO = "device", "stream", "auto"
 SOURCES = (DEVICE, STREAM, AUTO)
 # How the data reaches the workers, not which data: a run may change these on
-# resume (easgd.config.schema), since both sources give every worker the same batches.
+# resume (easgd.config.hyperparameters), since both sources give every worker the same batches.
 PLACEMENT_FIELDS = ("data.source", "data.device_budget")
 # Each worker's reader: grain threads, and batches read ahead of its step.
 READ_THREADS = 2

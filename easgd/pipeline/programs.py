@@ -76,7 +76,7 @@ class PipelineState:
 
 
 # The config fields the pipeline's trajectory depends on, beyond the common
-# ones (easgd.config.schema): its SGD and its own group; and the device count, since
+# ones (easgd.config.hyperparameters): its SGD and its own group; and the device count, since
 # the data has one partition a device and the models move along a ring of
 # devices. It has no workers and no simulated cluster.
 LAYOUT_READS = ("run.devices",)

@@ -113,7 +113,7 @@ class Rule(abc.ABC):
     defaults:    its own values of config fields (dotted path -> value) where
                  the default config's would fail it: they apply where neither
                  the config file nor the command line changes the field
-                 (easgd.config.schema.with_rule_defaults).
+                 (easgd.config.hyperparameters.with_rule_defaults).
   """
 
   name: ClassVar[str]

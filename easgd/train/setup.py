@@ -12,7 +12,7 @@ from absl import logging
 from jax.sharding import Mesh
 
 from easgd import assembly, evaluation
-from easgd.config import schema, validation
+from easgd.config import hyperparameters, validation
 from easgd.data import batches, stream
 from easgd.data.datasets import Dataset, load_dataset, shape_of
 from easgd.errors import ConfigError
@@ -55,7 +55,7 @@ class Setup:
       what,
       mesh.size,
       mesh.devices.flat[0].platform,
-      schema.units(self.config) // mesh.size,
+      hyperparameters.units(self.config) // mesh.size,
       self.config.model,
       dataset.name,
       len(dataset.train_labels),
@@ -101,7 +101,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequ
   partitions the training set is split into, whether they may stream from disk,
   and whether the run may span processes. `others`: the other runtimes that
   config.runtime may name for this algorithm, which a refusal names."""
-  num_devices = schema.resolve_devices(config, len(jax.devices()))
+  num_devices = hyperparameters.resolve_devices(config, len(jax.devices()))
   parts = runtime.partitions(config, num_devices)
   dataset = check_inputs(config, workdir, parts)
   if not runtime.spans_processes and jax.process_count() > 1:

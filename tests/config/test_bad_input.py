@@ -15,7 +15,7 @@ import re
 import pytest
 
 from easgd import arguments, launch, rules
-from easgd.config import schema, validation
+from easgd.config import hyperparameters, validation
 from easgd.errors import ConfigError
 from runs import config_with
 
@@ -118,7 +118,7 @@ def test_every_numeric_field_is_in_the_table():
 
 
 def _flat(config):
-  return schema.flatten(config.to_dict())
+  return hyperparameters.flatten(config.to_dict())
 
 
 def _mistakes(field, base) -> list:

@@ -7,7 +7,7 @@ import pathlib
 import pytest
 
 from easgd import cli, rules
-from easgd.config import fields, reference, schema, validation
+from easgd.config import fields, hyperparameters, reference, validation
 from easgd.configs import default
 from easgd.errors import ConfigError
 
@@ -18,11 +18,11 @@ CANDIDATES = (None, "x", -1, 2**40, 1.5, -0.5, math.nan, True, (), (-1,), (0.9, 
 
 def test_the_default_config_is_the_declared_defaults():
   config = default.get_config()
-  flat = schema.flatten(config.to_dict())
+  flat = hyperparameters.flatten(config.to_dict())
   assert sorted(flat) == sorted(fields.FIELDS)
   for field in fields.FIELDS_DECLARED:
-    assert schema.lookup(config, field.path) == field.default
-    assert type(schema.lookup(config, field.path)) is type(field.default), field.path
+    assert hyperparameters.lookup(config, field.path) == field.default
+    assert type(hyperparameters.lookup(config, field.path)) is type(field.default), field.path
 
 
 def test_every_declaration_is_whole():
@@ -39,7 +39,7 @@ def test_every_field_refuses_a_value_out_of_its_range_in_one_line_naming_it():
     bad = next(value for value in CANDIDATES if not field.allowed.accepts(value))
     config = default.get_config()
     *groups, name = field.path.split(".")
-    holder = schema.lookup(config, ".".join(groups))
+    holder = hyperparameters.lookup(config, ".".join(groups))
     with holder.ignore_type():
       holder[name] = bad
     with pytest.raises(ConfigError) as error:
@@ -52,9 +52,9 @@ def test_every_field_refuses_a_value_out_of_its_range_in_one_line_naming_it():
 def test_the_migration_hints_come_from_the_declarations():
   for field in fields.FIELDS_DECLARED:
     for old in field.formerly:
-      assert schema.moved(old) == field.path
-      assert f"config.{field.path}" in schema.hint(old)
-  assert schema.EARLIER_VALUES == {
+      assert hyperparameters.moved(old) == field.path
+      assert f"config.{field.path}" in hyperparameters.hint(old)
+  assert hyperparameters.EARLIER_VALUES == {
     "deterministic_sums": False,
     "dtype": "float32",
     "runtime": "simulated",
@@ -74,17 +74,19 @@ def test_the_migration_hints_come_from_the_declarations():
 
 
 def test_what_shapes_a_trajectory_is_declared():
-  assert schema.shapes_trajectory("seed", "sync_easgd")
-  assert not schema.shapes_trajectory("run.log_every", "sync_easgd")
-  assert not schema.shapes_trajectory("data.source", "async_easgd")
-  assert schema.shapes_trajectory("downpour.n_sync", "downpour")
-  assert not schema.shapes_trajectory("downpour.n_sync", "sync_easgd")
-  assert schema.shapes_trajectory("run.devices", "pipeline")
-  assert not schema.shapes_trajectory("run.devices", "sync_easgd")
-  assert not schema.shapes_trajectory("cluster.latency", "pipeline")
+  assert hyperparameters.shapes_trajectory("seed", "sync_easgd")
+  assert not hyperparameters.shapes_trajectory("run.log_every", "sync_easgd")
+  assert not hyperparameters.shapes_trajectory("data.source", "async_easgd")
+  assert hyperparameters.shapes_trajectory("downpour.n_sync", "downpour")
+  assert not hyperparameters.shapes_trajectory("downpour.n_sync", "sync_easgd")
+  assert hyperparameters.shapes_trajectory("run.devices", "pipeline")
+  assert not hyperparameters.shapes_trajectory("run.devices", "sync_easgd")
+  assert not hyperparameters.shapes_trajectory("cluster.latency", "pipeline")
   for field in fields.FIELDS_DECLARED:
     if field.shapes == fields.Shapes.NEVER:
-      assert not any(schema.shapes_trajectory(field.path, a) for a in schema.ALGORITHMS)
+      assert not any(
+        hyperparameters.shapes_trajectory(field.path, a) for a in hyperparameters.ALGORITHMS
+      )
 
 
 def test_docs_configuration_md_is_generated_from_the_declarations():
@@ -118,10 +120,10 @@ def test_the_momentum_rules_bring_their_momentum():
 def test_a_rules_defaults_apply_where_nothing_set_the_field(name):
   config = default.get_config()
   config.algorithm = name
-  applied = schema.with_rule_defaults(config)
+  applied = hyperparameters.with_rule_defaults(config)
   assert applied == dict(rules.RULES[name].defaults)
   for path, value in applied.items():
-    assert schema.lookup(config, path) == value
+    assert hyperparameters.lookup(config, path) == value
   validation.validate(config)
 
 
@@ -131,18 +133,20 @@ def test_a_rules_defaults_go_together_and_none_apply_if_one_was_chosen(name):
   chosen = default.get_config()
   chosen.algorithm = name
   # Given on the command line, even at the default config's value.
-  assert schema.with_rule_defaults(chosen, given={first}) == {}
+  assert hyperparameters.with_rule_defaults(chosen, given={first}) == {}
   changed = default.get_config()
   changed.algorithm = name
   *groups, field = first.split(".")
   # The config file's own value, of the field's type.
-  own = 0.5 if isinstance(schema.lookup(changed, first), float) else 3
-  schema.lookup(changed, ".".join(groups))[field] = own
-  assert schema.with_rule_defaults(changed) == {}
-  assert schema.lookup(changed, first) == own
+  own = 0.5 if isinstance(hyperparameters.lookup(changed, first), float) else 3
+  hyperparameters.lookup(changed, ".".join(groups))[field] = own
+  assert hyperparameters.with_rule_defaults(changed) == {}
+  assert hyperparameters.lookup(changed, first) == own
   for path in rules.RULES[name].defaults:
     if path != first:
-      assert schema.lookup(changed, path) == schema.lookup(default.get_config(), path)
+      assert hyperparameters.lookup(changed, path) == hyperparameters.lookup(
+        default.get_config(), path
+      )
 
 
 @pytest.mark.parametrize("name", _rules_with_defaults())
@@ -151,8 +155,8 @@ def test_a_resumed_run_takes_the_values_its_checkpoint_has(name):
   config.algorithm = name
   saved = default.get_config().to_dict()  # a run started before the rule had defaults
   saved["algorithm"] = name
-  applied = schema.with_rule_defaults(config, saved=saved)
-  assert applied == {path: schema.lookup(default.get_config(), path) for path in applied}
+  applied = hyperparameters.with_rule_defaults(config, saved=saved)
+  assert applied == {path: hyperparameters.lookup(default.get_config(), path) for path in applied}
   assert config.to_dict() == saved
 
 
@@ -160,7 +164,7 @@ def test_a_rule_without_defaults_and_the_pipeline_change_nothing():
   for name in ("sync_easgd", "pipeline"):
     config = default.get_config()
     config.algorithm = name
-    assert schema.with_rule_defaults(config) == {}
+    assert hyperparameters.with_rule_defaults(config) == {}
     assert config.to_dict() | {"algorithm": "sync_easgd"} == default.get_config().to_dict()
 
 

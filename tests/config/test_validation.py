@@ -6,7 +6,7 @@ import json
 import pytest
 
 from easgd import models
-from easgd.config import schema, validation
+from easgd.config import hyperparameters, validation
 from easgd.configs import default
 from easgd.data import datasets
 from easgd.errors import ConfigError
@@ -191,10 +191,12 @@ def test_a_field_that_does_not_exist_is_named_not_ignored(field, message):
 
 def test_a_checkpoint_of_the_flat_config_resumes_under_the_grouped_names():
   flat = {"cluster": {}}
-  for field, value in schema.flatten(default.get_config().to_dict()).items():
-    sources = [o for o, new in schema.MOVED.items() if field == new or field.startswith(new + ".")]
+  for field, value in hyperparameters.flatten(default.get_config().to_dict()).items():
+    sources = [
+      o for o, new in hyperparameters.MOVED.items() if field == new or field.startswith(new + ".")
+    ]
     old = sources[0] if sources else None
-    name = old + field[len(schema.MOVED[old]) :] if old else field
+    name = old + field[len(hyperparameters.MOVED[old]) :] if old else field
     flat_group, _, key = name.rpartition(".")
     target = flat
     for part in flat_group.split(".") if flat_group else []:
@@ -209,7 +211,7 @@ def test_a_checkpoint_of_the_flat_config_resumes_under_the_grouped_names():
 
 def test_a_checkpoint_of_an_earlier_version_is_named_as_such():
   """A config without a field that shapes this run: its state has another structure too."""
-  saved = schema.flatten(default.get_config().to_dict())
+  saved = hyperparameters.flatten(default.get_config().to_dict())
   del saved["optimizer.name"], saved["outer.exchange_dtype"]
   with pytest.raises(
     ConfigError, match=r"earlier version, whose config has no config.optimizer.name"
@@ -224,7 +226,7 @@ def test_a_checkpoint_of_an_earlier_version_is_named_as_such():
 
 
 def test_a_checkpoint_from_before_dtype_resumes_in_float32():
-  saved = schema.flatten(default.get_config().to_dict())
+  saved = hyperparameters.flatten(default.get_config().to_dict())
   del saved["dtype"]
   validation.check_resumable(saved, default.get_config(), "w", checkpoint.REVISION)
   with pytest.raises(ConfigError, match=r"config.dtype is 'float32' there, 'bfloat16' here"):
@@ -232,7 +234,7 @@ def test_a_checkpoint_from_before_dtype_resumes_in_float32():
 
 
 def test_a_checkpoint_from_before_deterministic_sums_resumes_with_them_off():
-  saved = schema.flatten(default.get_config().to_dict())
+  saved = hyperparameters.flatten(default.get_config().to_dict())
   del saved["deterministic_sums"]
   validation.check_resumable(saved, default.get_config(), "w", checkpoint.REVISION)
   with pytest.raises(ConfigError, match=r"config.deterministic_sums is False there, True here"):

@@ -13,7 +13,7 @@ from train.py is tests/train/test_trainer_check.py's.
 import pytest
 
 from easgd import rules
-from easgd.config import schema
+from easgd.config import hyperparameters
 from easgd.configs import default
 from easgd.train import trainer
 
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.e2e
 def test_the_rule_alone_trains_the_default_config(tmp_path, name):
   config = default.get_config()
   config.algorithm = name
-  schema.with_rule_defaults(config)  # as train.py applies them to --config.algorithm=X
+  hyperparameters.with_rule_defaults(config)  # as train.py applies them to --config.algorithm=X
   config.run.total_steps = STEPS
   config.run.log_every = config.run.eval_every = config.run.checkpoint_every = 0
   result = trainer.train_and_evaluate(config, str(tmp_path))

@@ -15,7 +15,7 @@ only runtime (`Runtime.chosen_by_algorithm`), which their algorithm chooses.
 
 import ml_collections
 
-from easgd.config import schema
+from easgd.config import hyperparameters
 from easgd.errors import ConfigError
 from easgd.train.runtimes.base import Runtime
 from easgd.train.runtimes.pipeline import PipelineRuntime
@@ -68,17 +68,17 @@ def select(config: ml_collections.ConfigDict) -> type[Runtime]:
 def _check_unread(config: ml_collections.ConfigDict, chosen: type[Runtime]) -> None:
   """A field only other runtimes read, set in a config that `chosen` runs, would be
   ignored: refused (e.g. cluster.replay, which the simulated runtime alone reads)."""
-  defaults = schema.default_config()
+  defaults = hyperparameters.default_config()
   for name, runtime in RUNTIMES.items():
     for field in runtime.reads:
-      value = schema.lookup(config, field)
+      value = hyperparameters.lookup(config, field)
       if (
         runtime is not chosen
         and field not in chosen.reads
-        and value != schema.lookup(defaults, field)
+        and value != hyperparameters.lookup(defaults, field)
       ):
         raise ConfigError(
           f"config.{field}={value!r} is invalid: only the {name} runtime reads it, and "
           f"{config.algorithm} runs on {chosen.name} here: leave it "
-          f"{schema.lookup(defaults, field)!r}"
+          f"{hyperparameters.lookup(defaults, field)!r}"
         )

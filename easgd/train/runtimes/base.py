@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import ml_collections
 
-from easgd.config import schema
+from easgd.config import hyperparameters
 from easgd.infra import sharding
 from easgd.train import setup as setup_lib
 from easgd.train.loop import Trainee
@@ -75,7 +75,7 @@ class Runtime(abc.ABC):
     layout of the run, on any machine, rounds its convolutions alike.
     """
     if backend == "cpu" and config.deterministic_sums:
-      return sharding.cpu_threads_environment(schema.resolve_devices(config))
+      return sharding.cpu_threads_environment(hyperparameters.resolve_devices(config))
     return {}
 
   @classmethod

@@ -14,7 +14,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from easgd.config import schema
+from easgd.config import hyperparameters
 from easgd.data import augment as augment_lib
 from easgd.errors import require
 from easgd.infra import checkpoint, metrics, sharding
@@ -31,7 +31,7 @@ def per_model_values(config: ml_collections.ConfigDict) -> dict[str, list]:
   values = {}
   for field in programs.PER_MODEL_FIELDS:
     given = list(config.pipeline.per_model[field])
-    shared = schema.lookup(config, programs.PER_MODEL_SOURCE[field])
+    shared = hyperparameters.lookup(config, programs.PER_MODEL_SOURCE[field])
     default = [shared + m for m in range(models)] if field == "seed" else [shared] * models
     values[field] = given or default
   return values
@@ -41,13 +41,14 @@ def model_hparams(config: ml_collections.ConfigDict, values: dict, m: int) -> di
   """Model m's hyper-parameters for the HParams dashboard: the run's, with its own values."""
   shared = {
     field: value
-    for field, value in schema.hparams_of(config).items()
+    for field, value in hyperparameters.hparams_of(config).items()
     if not field.startswith("pipeline.per_model.")
   }
   own = {
     source: values[field][m]
     for field, source in programs.PER_MODEL_SOURCE.items()
-    if source == "seed" or schema.shapes_trajectory(source, schema.PIPELINE, config.optimizer)
+    if source == "seed"
+    or hyperparameters.shapes_trajectory(source, hyperparameters.PIPELINE, config.optimizer)
   }
   return shared | own
 
@@ -183,16 +184,16 @@ class PipelineRuntime(Runtime):
 
   @classmethod
   def algorithms(cls) -> tuple[str, ...]:
-    return (schema.PIPELINE,)
+    return (hyperparameters.PIPELINE,)
 
   @classmethod
   def check(cls, config: ml_collections.ConfigDict) -> None:
     require(
-      config.runtime == schema.default_config().runtime,
+      config.runtime == hyperparameters.default_config().runtime,
       "runtime",
       config.runtime,
       "the pipeline runs on a runtime of its own, whatever config.runtime says: "
-      f"leave it {schema.default_config().runtime!r}",
+      f"leave it {hyperparameters.default_config().runtime!r}",
     )
 
   @classmethod

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from easgd import assembly, evaluation, steps
-from easgd.config import schema
+from easgd.config import hyperparameters
 from easgd.infra import metrics
 from easgd.rules import RULES, Hyper, Rule, TrainState, exchange, model_state
 from easgd.sim import ticks, timing
@@ -208,7 +208,7 @@ class RuleReports:
     self.writer.text("config", "```\n" + text + "\n```")
 
   def finish(self):
-    self.writer.hparams(schema.hparams_of(self.setup.config))
+    self.writer.hparams(hyperparameters.hparams_of(self.setup.config))
 
   def flush(self):
     self.writer.flush()

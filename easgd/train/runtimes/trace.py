@@ -2,7 +2,7 @@
 
 One JSON object a line, each ending with its checksum, "sum" (below):
   {"kind": "header", "version": 2, "algorithm", "workers", "config": {field: value}}
-      the fields that shape the trajectory (easgd.config.schema), less the runtime
+      the fields that shape the trajectory (easgd.config.hyperparameters), less the runtime
       and the timing model's (a replay keeps the recorded order instead);
   {"kind": "event", "worker": j, "step": k, "op", "local", "tick", "read", "wrote",
    "staleness", "wait", "service", "compute", "time"}
@@ -77,7 +77,7 @@ from collections.abc import Iterator
 
 import ml_collections
 
-from easgd.config import schema
+from easgd.config import hyperparameters
 from easgd.errors import ConfigError
 from easgd.sim.events import TickPacker
 from easgd.sim.ticks import OpKind, Tick
@@ -99,8 +99,8 @@ def recorded_fields(config: ml_collections.ConfigDict) -> dict:
   trajectory, less the runtime and the timing model (cluster.*)."""
   return {
     field: value
-    for field, value in schema.flatten(config.to_dict()).items()
-    if schema.shapes_trajectory(field, config.algorithm, config.optimizer)
+    for field, value in hyperparameters.flatten(config.to_dict()).items()
+    if hyperparameters.shapes_trajectory(field, config.algorithm, config.optimizer)
     and field != "runtime"
     and not field.startswith("cluster.")
   }

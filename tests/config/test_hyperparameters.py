@@ -10,14 +10,14 @@ import pytest
 import tiers
 
 from easgd import rules, steps
-from easgd.config import schema
+from easgd.config import hyperparameters
 from easgd.configs import default
 from easgd.infra import sharding
 from easgd.sim import timing
 from least_squares import DIM, OUT, loss_fn
 from runs import config_with
 
-FIELDS = schema.flatten(default.get_config().to_dict())
+FIELDS = hyperparameters.flatten(default.get_config().to_dict())
 # A valid other value for every field of the algorithm groups (4 workers).
 OTHER_VALUES = {
   "optimizer.learning_rate": 0.03,
@@ -38,12 +38,12 @@ OTHER_VALUES = {
 
 
 def test_every_moved_name_points_at_a_field_and_none_is_left_flat():
-  for old, new in schema.MOVED.items():
+  for old, new in hyperparameters.MOVED.items():
     assert old not in FIELDS
     assert new in FIELDS or any(field.startswith(new + ".") for field in FIELDS), new
-  assert schema.moved("per_model.seed") == "pipeline.per_model.seed"
-  assert schema.moved("cluster.device_flops") == "device.flops"
-  assert schema.moved("cluster.latency") is None
+  assert hyperparameters.moved("per_model.seed") == "pipeline.per_model.seed"
+  assert hyperparameters.moved("cluster.device_flops") == "device.flops"
+  assert hyperparameters.moved("cluster.latency") is None
 
 
 def test_every_declared_read_and_hyper_field_exists():
@@ -62,47 +62,47 @@ def test_hyper_comes_from_the_grouped_fields():
 
 
 def test_what_shapes_a_trajectory_follows_the_groups_and_the_rule():
-  assert not schema.shapes_trajectory("run.total_steps", "sync_easgd")
+  assert not hyperparameters.shapes_trajectory("run.total_steps", "sync_easgd")
   # A schedule spans the run: its length then shapes the trajectory.
   cosine = {"name": "sgd", "schedule": "warmup_cosine"}
-  assert schema.shapes_trajectory("run.total_steps", "sync_easgd", cosine)
+  assert hyperparameters.shapes_trajectory("run.total_steps", "sync_easgd", cosine)
   # What the optimizer and schedule in use do not read does not shape the run.
-  assert not schema.shapes_trajectory("optimizer.b1", "sync_easgd", cosine)
-  assert not schema.shapes_trajectory("optimizer.boundaries", "sync_easgd", cosine)
-  assert schema.shapes_trajectory("optimizer.warmup_steps", "sync_easgd", cosine)
+  assert not hyperparameters.shapes_trajectory("optimizer.b1", "sync_easgd", cosine)
+  assert not hyperparameters.shapes_trajectory("optimizer.boundaries", "sync_easgd", cosine)
+  assert hyperparameters.shapes_trajectory("optimizer.warmup_steps", "sync_easgd", cosine)
   adamw = {"name": "adamw", "schedule": "constant"}
-  assert schema.shapes_trajectory("optimizer.b1", "diloco", adamw)
-  assert not schema.shapes_trajectory("optimizer.momentum", "diloco", adamw)
-  assert schema.shapes_trajectory("optimizer.schedule", "async_sgd")
-  assert not schema.shapes_trajectory("outer.learning_rate", "sync_easgd")
-  assert schema.shapes_trajectory("outer.learning_rate", "diloco")
-  assert not schema.shapes_trajectory("device.memory", "sync_easgd")
-  assert schema.shapes_trajectory("cluster.latency", "sync_sgd")
-  assert schema.shapes_trajectory("data.batch_size", "pipeline")
-  assert schema.shapes_trajectory("outer.moving_rate", "sync_easgd")
-  assert not schema.shapes_trajectory("outer.moving_rate", "sync_sgd")
-  assert not schema.shapes_trajectory("downpour.n_sync", "async_easgd")
-  assert schema.shapes_trajectory("downpour.n_sync", "downpour")
-  assert schema.shapes_trajectory("pipeline.per_model.seed", "pipeline")
-  assert not schema.shapes_trajectory("pipeline.stage_steps", "sync_easgd")
+  assert hyperparameters.shapes_trajectory("optimizer.b1", "diloco", adamw)
+  assert not hyperparameters.shapes_trajectory("optimizer.momentum", "diloco", adamw)
+  assert hyperparameters.shapes_trajectory("optimizer.schedule", "async_sgd")
+  assert not hyperparameters.shapes_trajectory("outer.learning_rate", "sync_easgd")
+  assert hyperparameters.shapes_trajectory("outer.learning_rate", "diloco")
+  assert not hyperparameters.shapes_trajectory("device.memory", "sync_easgd")
+  assert hyperparameters.shapes_trajectory("cluster.latency", "sync_sgd")
+  assert hyperparameters.shapes_trajectory("data.batch_size", "pipeline")
+  assert hyperparameters.shapes_trajectory("outer.moving_rate", "sync_easgd")
+  assert not hyperparameters.shapes_trajectory("outer.moving_rate", "sync_sgd")
+  assert not hyperparameters.shapes_trajectory("downpour.n_sync", "async_easgd")
+  assert hyperparameters.shapes_trajectory("downpour.n_sync", "downpour")
+  assert hyperparameters.shapes_trajectory("pipeline.per_model.seed", "pipeline")
+  assert not hyperparameters.shapes_trajectory("pipeline.stage_steps", "sync_easgd")
   # The pipeline: one partition a device, no workers, no simulated cluster.
-  assert schema.shapes_trajectory("run.devices", "pipeline")
-  assert not schema.shapes_trajectory("run.devices", "sync_easgd")
-  assert not schema.shapes_trajectory("workers", "pipeline")
-  assert not schema.shapes_trajectory("cluster.latency", "pipeline")
-  assert schema.shapes_trajectory("seed", "pipeline")
-  hparams = schema.hparams_of(config_with(algorithm="sync_sgd"))
+  assert hyperparameters.shapes_trajectory("run.devices", "pipeline")
+  assert not hyperparameters.shapes_trajectory("run.devices", "sync_easgd")
+  assert not hyperparameters.shapes_trajectory("workers", "pipeline")
+  assert not hyperparameters.shapes_trajectory("cluster.latency", "pipeline")
+  assert hyperparameters.shapes_trajectory("seed", "pipeline")
+  hparams = hyperparameters.hparams_of(config_with(algorithm="sync_sgd"))
   assert "optimizer.momentum" in hparams and "outer.comm_period" not in hparams
   assert not any(field.startswith(("run.", "device.")) for field in hparams)
   assert hparams["cluster.server_bandwidth"] == "inf"
 
 
 def test_devices_default_to_the_largest_divisor_up_to_8():
-  assert schema.resolve_devices(config_with(workers=12)) == 6
-  assert schema.resolve_devices(config_with(workers=12), available=4) == 4
-  assert schema.resolve_devices(config_with({"run.devices": 3}, workers=12)) == 3
+  assert hyperparameters.resolve_devices(config_with(workers=12)) == 6
+  assert hyperparameters.resolve_devices(config_with(workers=12), available=4) == 4
+  assert hyperparameters.resolve_devices(config_with({"run.devices": 3}, workers=12)) == 3
   pipeline = config_with({"pipeline.models": 10}, algorithm="pipeline", workers=3)
-  assert schema.resolve_devices(pipeline) == 5
+  assert hyperparameters.resolve_devices(pipeline) == 5
 
 
 def _final_state(name: str, config, num_ticks: int = 6):
@@ -132,7 +132,7 @@ def test_fields_a_rule_does_not_read_leave_its_trajectory_alone(name):
   unread = {
     field: value
     for field, value in OTHER_VALUES.items()
-    if not schema.shapes_trajectory(field, name)
+    if not hyperparameters.shapes_trajectory(field, name)
   }
   assert unread, name  # every rule leaves some algorithm field unread
   other = config_with({**base, "outer.moving_rate": 0.1, **unread}, workers=4)

@@ -1,6 +1,6 @@
-"""What the declared fields (easgd.config.fields) imply: which fields a run's
-trajectory depends on, which may change on resume, which are hyper-parameters,
-and where the old flat names went.
+"""What the declared fields (easgd.config.fields) imply: the default config and a
+rule's own defaults, which fields a run's trajectory depends on (its
+hyper-parameters), which may change on resume, and where the old flat names went.
 
 A field declares whether it shapes a trajectory (`fields.Shapes`): always,
 never (run.*, device.*, where the data is read from: these may change on
