@@ -1,4 +1,4 @@
-"""Batches are drawn on device from each worker's own partition; results do not depend on D."""
+"""The compiled steps: their results do not depend on D, the devices the workers are laid out on."""
 
 import jax
 import jax.numpy as jnp
@@ -11,18 +11,6 @@ from easgd.data import batches, datasets
 from easgd.infra import sharding
 from easgd.rules import AXIS, spmd
 from easgd.sim import timing
-
-
-def test_batches_of_an_epoch_are_disjoint_and_reshuffled_each_epoch():
-  rng = jax.random.PRNGKey(7)
-  size, batch = 50, 8  # 6 steps an epoch, 2 examples left out
-  epoch0 = np.concatenate([batches.batch_indices(rng, s, 3, size, batch) for s in range(6)])
-  epoch1 = np.concatenate([batches.batch_indices(rng, s, 3, size, batch) for s in range(6, 12)])
-  assert len(np.unique(epoch0)) == 48 and epoch0.max() < size
-  assert not np.array_equal(epoch0, epoch1)
-  other_worker = np.concatenate([batches.batch_indices(rng, s, 4, size, batch) for s in range(6)])
-  assert not np.array_equal(epoch0, other_worker)
-  assert np.array_equal(epoch0[:8], batches.batch_indices(rng, 0, 3, size, batch))
 
 
 def _train(num_devices, algorithm, steps_count=2):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from easgd.data import batches, datasets
+from easgd.data import datasets
 from easgd.errors import ConfigError
 
 
@@ -27,20 +27,6 @@ def test_digits_is_scaled_by_16():
   ds = datasets.load_dataset("digits")
   assert ds.train_images.shape == (1497, 8, 8, 1) and ds.test_images.shape == (300, 8, 8, 1)
   assert ds.max_value == 16 and ds.train_images.max() == 16
-
-
-def test_partition_is_disjoint_complete_and_mixes_classes():
-  labels = np.repeat(np.arange(10), 41).astype(np.int32)  # class-sorted, 410 examples
-  images = np.arange(410, dtype=np.uint8).reshape(410, 1, 1, 1)
-  ids = np.arange(410)
-  part_images, part_labels = batches.partition(images, labels, 8, seed=3)
-  assert part_images.shape == (8, 51, 1, 1, 1) and part_labels.shape == (8, 51)
-  part_ids, _ = batches.partition(ids.reshape(410, 1), labels, 8, seed=3)
-  flat = part_ids.ravel()
-  assert len(np.unique(flat)) == 8 * 51  # disjoint; 410 mod 8 = 2 dropped
-  assert np.array_equal(labels[flat], part_labels.ravel())
-  assert all(len(np.unique(worker)) >= 8 for worker in part_labels)
-  assert np.array_equal(batches.partition(ids.reshape(410, 1), labels, 8, seed=3)[0], part_ids)
 
 
 def test_tfds_dataset_loads_under_mock_data():
