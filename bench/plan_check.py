@@ -29,12 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from easgd import models, plan, steps
+from easgd import plan, steps
 from easgd.arguments import ArgumentParser, integer
 from easgd.configs import default
 from easgd.data import batches
 from easgd.infra import sharding
-from easgd.rules import model_state
 
 
 def config_for(model: str, batch_size: int):
@@ -56,11 +55,8 @@ def measure(model_name: str, batch_size: int, num_steps: int) -> dict:
   compiler = plan.StepCompiler(config, mesh)
   compiled = compiler.compile(batch_size)
   device = jax.devices()[0]
-  model = models.get_model(model_name, 10)
   shape = compiler.shape
-  params = model_state.model_tree(
-    model.init(jax.random.PRNGKey(0), jnp.zeros((1, *shape.image_shape)))
-  )
+  params = compiler.init_params(jax.random.PRNGKey(0))  # the planned network's
   state = steps.init_state(compiler.rule, params, jax.random.PRNGKey(1), mesh)
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (shape.train_examples, *shape.image_shape), dtype=np.uint8)

@@ -84,7 +84,7 @@ class StepCompiler:
     # Normalisation constants change neither shapes nor cost.
     normalization = assembly.Normalization.stand_in(self.shape.image_shape[-1])
     built = assembly.network(config, self.shape.num_classes, self.shape.image_shape, normalization)
-    self.model = built.model
+    self.model, self.init_params = built.model, built.init_params
     params = jax.eval_shape(built.init_params, jax.random.PRNGKey(0))
     self.model_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
     self.rule = assembly.rule(config)

@@ -14,7 +14,7 @@ from easgd.rules.state import Batch, LossFn, Metrics, Params
 def step_metrics(
   loss: jax.Array,
   aux: dict[str, jax.Array],
-  hyper: "Hyper",
+  hyper: Hyper,
   learning_rate: jax.Array,
 ) -> Metrics:
   """Mean over all workers of each worker's loss, accuracy and learning rate in force."""
