@@ -40,7 +40,8 @@ from easgd.data import datasets, stream
 from easgd.errors import ConfigError
 from easgd.infra import platform, sharding
 from easgd.infra.compile import compile_program
-from easgd.rules import AXIS, RULES, exchange
+from easgd.registry import ALGORITHMS
+from easgd.rules import AXIS, exchange
 from easgd.sim import sizing, ticks, timing
 from easgd.train import trainer
 
@@ -316,10 +317,11 @@ class Plan:
 def check_plannable(config: ml_collections.ConfigDict) -> None:
   """What the planner needs beyond a valid config; raises ConfigError."""
   trainer.check(config)
-  if config.algorithm not in RULES:
+  if not ALGORITHMS[config.algorithm].planned:
+    planned = sorted(name for name, algorithm in ALGORITHMS.items() if algorithm.planned)
     raise ConfigError(
-      "config.algorithm='pipeline' is not planned: the planner sizes the update rules "
-      f"({', '.join(sorted(RULES))})"
+      f"config.algorithm={config.algorithm!r} is not planned: the planner sizes the update "
+      f"rules ({', '.join(planned)})"
     )
   if not config.device.memory > 0:
     raise ConfigError(

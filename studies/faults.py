@@ -28,8 +28,8 @@ from collections.abc import Callable
 import numpy as np
 
 from easgd import arguments
-from easgd.config import hyperparameters
 from easgd.infra import scalars
+from easgd.pipeline.algorithm import PIPELINE
 from easgd.studies import fault_injections as inject  # the run and the injections
 
 REPO = inject.REPO
@@ -104,7 +104,7 @@ FAULTS = [
   ),
   Fault(
     "SIGTERM to the only process",
-    hyperparameters.PIPELINE,
+    PIPELINE.name,
     1,
     inject.preempt,
     "tests/infra/test_preemption.py::test_preempted_run_resumes_bitwise",

@@ -15,12 +15,12 @@ PACKAGE_DIRS["easgd.studies"] = REPO / "studies"
 # The package's layers, from the bottom: a module imports its own layer or lower
 # ones. The entry points and the packaged configs sit on top.
 LAYERS = (
-  ("easgd.errors", "easgd.arguments", "easgd.durations", "easgd.ray_connection"),
+  ("easgd.errors", "easgd.arguments", "easgd.durations", "easgd.ray_connection", "easgd.algorithm"),
   ("easgd.models",),
   ("easgd.rules", "easgd.sim"),
   ("easgd.infra",),
   ("easgd.data",),
-  ("easgd.steps", "easgd.evaluation", "easgd.pipeline", "easgd.assembly"),
+  ("easgd.steps", "easgd.evaluation", "easgd.pipeline", "easgd.assembly", "easgd.registry"),
   ("easgd.config",),
   ("easgd.train",),
   ("easgd.cli", "easgd.plan", "easgd.sweep", "easgd.executor", "easgd.launch", "easgd.configs"),

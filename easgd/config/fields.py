@@ -27,24 +27,24 @@ from easgd.data import augment, stream
 from easgd.data.datasets import DATASETS
 from easgd.errors import is_int, is_number
 from easgd.models import DTYPES, MODELS
+from easgd.registry import ALGORITHMS as REGISTRY
 from easgd.rules import RULES, exchange, model_state, optimizers
 from easgd.rules.base import Momentum, Pull
 from easgd.rules.parameter_server import Downpour
 from easgd.sim import timing
 
-PIPELINE = "pipeline"
-ALGORITHMS = (*RULES, PIPELINE)
+ALGORITHMS = tuple(REGISTRY)
 PULLS = ("", *Pull)
 
 
 class Shapes(enum.StrEnum):
   """Whether a field can change what a run trains (its trajectory)."""
 
-  # For every algorithm but the pipeline, for which the workers and the
-  # simulated cluster (workers, cluster.*) do not exist.
+  # For every algorithm but one that has no use for its group (the pipeline
+  # has no workers and no simulated cluster: `Algorithm.ignored_groups`).
   ALWAYS = "always"
-  # Only for an algorithm that declares it reads it (`Rule.reads`, the
-  # pipeline's READS); an optimizer field only where the optimizer and its
+  # Only for an algorithm that declares it reads it (`Algorithm.reads`);
+  # an optimizer field only where the optimizer and its
   # schedule read it; run.total_steps under a schedule that spans it.
   IF_READ = "if read"
   # May change when a run is resumed; not a hyper-parameter.

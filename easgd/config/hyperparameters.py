@@ -4,11 +4,12 @@ hyper-parameters), which may change on resume, and where the old flat names went
 
 A field declares whether it shapes a trajectory (`fields.Shapes`): always,
 never (run.*, device.*, where the data is read from: these may change on
-resume), or only where the algorithm reads it (`Rule.reads`, the pipeline's
-`READS` and `LAYOUT_READS`): the optimizer, outer, downpour and pipeline
-groups, run.total_steps under a learning-rate schedule that spans it, and
-run.devices for the pipeline (one partition a device). The pipeline has no
-workers and no simulated cluster (`IGNORED_GROUPS`). A checkpoint resumes
+resume), or only where the algorithm reads it (`Algorithm.reads` of its entry
+in easgd.registry): the optimizer, outer, downpour and pipeline groups,
+run.total_steps under a learning-rate schedule that spans it, and run.devices
+for the pipeline (one partition a device). A group the algorithm has no use
+for shapes nothing (`Algorithm.ignored_groups`: the pipeline has no workers
+and no simulated cluster). A checkpoint resumes
 under other values of the fields that do not change the trajectory, and only
 the fields that do are hyper-parameters.
 """
@@ -24,11 +25,9 @@ import ml_collections
 from easgd.config import fields
 from easgd.config.fields import Shapes
 from easgd.data import stream
-from easgd.pipeline import programs as pipeline_programs
-from easgd.rules import RULES, optimizers
+from easgd.registry import ALGORITHMS
+from easgd.rules import optimizers
 
-PIPELINE = fields.PIPELINE
-ALGORITHMS = fields.ALGORITHMS
 RUN_GROUPS = ("run", "device")
 # The run field a learning-rate schedule spans (easgd.rules.optimizers).
 SCHEDULE_HORIZON = "run.total_steps"
@@ -89,18 +88,18 @@ def with_rule_defaults(
   Its values of these fields are taken instead, so that a run resumes with the
   values it started with, also one started before its rule had defaults.
   """
-  rule = RULES.get(config.algorithm)
-  if rule is None or not rule.defaults:
+  own = ALGORITHMS[config.algorithm].defaults
+  if not own:
     return {}
   defaults = default_config()
   untouched = all(
-    path not in given and lookup(config, path) == lookup(defaults, path) for path in rule.defaults
+    path not in given and lookup(config, path) == lookup(defaults, path) for path in own
   )
   if not untouched:
     return {}
   resumed = {} if saved is None else grouped(saved)
   applied = {}
-  for path, value in rule.defaults.items():
+  for path, value in own.items():
     *groups, name = path.split(".")
     lookup(config, ".".join(groups))[name] = applied[path] = resumed.get(path, value)
   return applied
@@ -130,9 +129,7 @@ def flatten(values: dict, prefix: str = "") -> dict:
 def reads(algorithm: str) -> tuple[str, ...]:
   """The fields read only by some algorithms that `algorithm`'s trajectory depends on
   (the pipeline's layout included: one partition a device, a ring of devices)."""
-  if algorithm == PIPELINE:
-    return (*pipeline_programs.READS, *pipeline_programs.LAYOUT_READS)
-  return RULES[algorithm].reads
+  return ALGORITHMS[algorithm].reads
 
 
 def shapes_trajectory(field: str, algorithm: str, optimizer=None) -> bool:
@@ -149,8 +146,7 @@ def shapes_trajectory(field: str, algorithm: str, optimizer=None) -> bool:
   shapes = _declared_shapes(field)
   if shapes == Shapes.NEVER:
     return False
-  # The pipeline has no workers and no simulated cluster.
-  if algorithm == PIPELINE and group in pipeline_programs.IGNORED_GROUPS:
+  if group in ALGORITHMS[algorithm].ignored_groups:
     return False
   if shapes == Shapes.ALWAYS:
     return True
@@ -180,8 +176,9 @@ def _read_by(field: str, algorithm: str) -> bool:
 
 
 def units(config: ml_collections.ConfigDict) -> int:
-  """What is spread over the devices: the pipeline's models, or the rules' workers."""
-  return config.pipeline.models if config.algorithm == PIPELINE else config.workers
+  """How many of what the algorithm spreads over the devices there are (`Algorithm.units`:
+  the rules' workers, the pipeline's models)."""
+  return lookup(config, ALGORITHMS[config.algorithm].units)
 
 
 def resolve_devices(config: ml_collections.ConfigDict, available: int = 8) -> int:

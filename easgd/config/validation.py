@@ -1,23 +1,22 @@
 """Checks of a configuration before anything is compiled or written.
 
 First every field on its own, as it is declared (easgd.config.fields: its
-type and range); then what spans fields: the optimizer groups whatever the
-rule (easgd.config.optimizer_checks), how the units spread over the devices,
-and what the algorithm asks, on the rule (easgd.rules.checks) or the
-pipeline (easgd.pipeline.checks). What a runtime asks is the runtime's
+type and range); then what spans fields: the inner optimizer group whatever
+the algorithm (easgd.rules.optimizer_checks), how the algorithm's units spread
+over the devices, and what the algorithm asks (`Algorithm.check` of its entry
+in easgd.registry: a rule's in easgd.rules.checks, the pipeline's in
+easgd.pipeline.algorithm). What a runtime asks is the runtime's
 (easgd.train.runtimes.select). Which fields may change on resume comes from
 easgd.config.hyperparameters.
 """
 
 import ml_collections
 
-from easgd.config import fields, hyperparameters, optimizer_checks
+from easgd.config import fields, hyperparameters
 from easgd.errors import ConfigError, require
 from easgd.infra import checkpoint, profiler
-from easgd.pipeline import checks as pipeline_checks
-from easgd.pipeline.programs import PER_MODEL_FIELDS
-from easgd.rules import RULES
-from easgd.rules import checks as rule_checks
+from easgd.registry import ALGORITHMS
+from easgd.rules import optimizer_checks
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -33,24 +32,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     require(field.allowed.accepts(value), field.path, value, field.allowed.text)
   why = profiler.refusal(config.run.profile, config.run.total_steps)
   require(why is None, "run.profile", config.run.profile, why)
-  optimizer_checks.validate_optimizer(config)
-  optimizer_checks.validate_outer_optimizer(config)
-  _require_spread(
-    config, "pipeline.models" if config.algorithm == hyperparameters.PIPELINE else "workers"
-  )
-  if config.algorithm == hyperparameters.PIPELINE:
-    pipeline_checks.check(config)
-  else:
-    _require_stragglers_among_workers(config)
-    for field in PER_MODEL_FIELDS:
-      values = config.pipeline.per_model[field]
-      require(
-        not values,
-        f"pipeline.per_model.{field}",
-        values,
-        "only the pipeline has per-model values (())",
-      )
-    rule_checks.check(config)
+  algorithm = ALGORITHMS[config.algorithm]
+  optimizer_checks.check(config, algorithm.momenta(config))
+  _require_spread(config, algorithm.units)
+  algorithm.check(config)
 
 
 def _require_spread(config: ml_collections.ConfigDict, field: str) -> None:
@@ -64,28 +49,10 @@ def _require_spread(config: ml_collections.ConfigDict, field: str) -> None:
   )
 
 
-def _require_stragglers_among_workers(config: ml_collections.ConfigDict) -> None:
-  stragglers, workers = config.cluster.stragglers, config.workers
-  require(
-    all(i < workers for i in stragglers),
-    "cluster.stragglers",
-    stragglers,
-    f"must be distinct worker indices in [0, {workers}), e.g. (3,) or (0, 5)",
-  )
-  slowdowns = config.cluster.straggler_slowdowns
-  require(
-    len(slowdowns) in (0, len(stragglers)),
-    "cluster.straggler_slowdowns",
-    slowdowns,
-    f"must be () or one slowdown for each of cluster.stragglers={tuple(stragglers)}"
-    + ("" if stragglers else " (no straggler yet: set cluster.stragglers first)"),
-  )
-
-
 def validate_partition(config: ml_collections.ConfigDict, train_examples: int, parts: int) -> None:
   """The batch must fit in each partition of the training set (a worker's or a device's)."""
   per_part = train_examples // parts
-  owner = "device" if config.algorithm == hyperparameters.PIPELINE else "worker"
+  owner = ALGORITHMS[config.algorithm].partition_owner
   require(
     config.data.batch_size <= per_part,
     "data.batch_size",
@@ -127,8 +94,7 @@ def check_resumable(
         "use another --workdir or the same configuration"
       )
   # The same configuration: what may differ is what the rule's equations were then.
-  rule = RULES.get(config.algorithm)
-  changed = rule.changed_since(revision, config.optimizer) if rule is not None else ""
+  changed = ALGORITHMS[config.algorithm].changed_since(revision, config.optimizer)
   if changed:
     raise ConfigError(
       f"workdir {workdir!r} holds a checkpoint of {config.algorithm} written by an earlier "

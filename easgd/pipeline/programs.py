@@ -75,13 +75,6 @@ class PipelineState:
   data_key: jax.Array
 
 
-# The config fields the pipeline's trajectory depends on, beyond the common
-# ones (easgd.config.hyperparameters): its SGD and its own group; and the device count, since
-# the data has one partition a device and the models move along a ring of
-# devices. It has no workers and no simulated cluster.
-LAYOUT_READS = ("run.devices",)
-IGNORED_GROUPS = ("workers", "cluster")
-READS = ("optimizer", "pipeline.models", "pipeline.stage_steps", "pipeline.per_model")
 # The values a model may set for itself (pipeline.per_model.*), and the
 # config field each one replaces for that model.
 PER_MODEL_SOURCE = {

@@ -3,39 +3,60 @@
 Each field's own type and range is checked before (easgd.config.fields);
 these checks span fields and depend on the rule chosen: its optimizer's
 momentum and Nesterov form, its pull and elastic moving rate, its outer
-optimizer, its BatchNorm statistics. A refusal is one ConfigError line
-naming the field, what is allowed, and the rules that would take the value.
+optimizer, its BatchNorm statistics, the simulated cluster's stragglers among
+its workers, and no per-model values (the pipeline's alone). A refusal is one
+ConfigError line naming the field, what is allowed, and the rules that would
+take the value. `check` is the rules' `Algorithm.check` (easgd.registry).
 """
 
 import ml_collections
 
 from easgd.errors import require
 from easgd.models import BATCH_NORM_MODELS
+from easgd.rules import optimizer_checks
 from easgd.rules.async_local import ASYNC_LOCAL_OFF
 from easgd.rules.base import Momentum, Pull, Rule
 from easgd.rules.hyper import DEFAULT_BETA
 from easgd.rules.registry import RULES
 from easgd.rules.streaming import STREAMING_OFF
+from easgd.sim import timing
 
 
 def check(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError for the first value across fields that config.algorithm's rule
   does not accept."""
   rule = RULES[config.algorithm]
+  _check_outer_optimizer(rule, config.outer)
   _check_inner_optimizer(rule, config.optimizer)
   _check_outer(rule, config)
   _check_exchange_dtype(rule, config.outer)
   _check_streaming(rule, config.outer)
   _check_async_local(rule, config.outer)
   _check_batch_stats(rule, config)
+  timing.check_stragglers(config.cluster, config.workers)
+  _check_no_per_model(config.pipeline.per_model)
 
 
-def _pull_in_force(config: ml_collections.ConfigDict) -> str | None:
-  """The pull of the configured rule, or None for one without a center to pull to."""
-  rule = RULES.get(config.algorithm)
-  if rule is None or not rule.pulls:
+def _pull_in_force(rule: type[Rule], outer: ml_collections.ConfigDict) -> str | None:
+  """The rule's pull, or None for one without a center to pull to."""
+  if not rule.pulls:
     return None
-  return config.outer.pull or rule.pulls[0]
+  return outer.pull or rule.pulls[0]
+
+
+def _check_outer_optimizer(rule: type[Rule], outer: ml_collections.ConfigDict) -> None:
+  """The center family's outer optimizer across its fields, where the rule reads it."""
+  if "outer.optimizer" not in rule.reads:
+    return
+  if outer.optimizer == "sgd":
+    optimizer_checks.require_momentum_for_nesterov(outer.nesterov, (outer.momentum,), "outer")
+  if outer.optimizer == "adam":
+    optimizer_checks.require_no_sgd_momentum(
+      outer,
+      "outer",
+      "the adam outer optimizer has moments of its own: set outer.momentum=0 and "
+      "outer.nesterov=False",
+    )
 
 
 def _check_inner_optimizer(rule: type[Rule], optimizer: ml_collections.ConfigDict) -> None:
@@ -97,7 +118,7 @@ def _check_outer(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
       outer.pull,
       f"{own}; rules that take {outer.pull}: {', '.join(takes)}",
     )
-  pull = _pull_in_force(config)
+  pull = _pull_in_force(rule, outer)
   if pull == Pull.RESET:
     require(
       outer.moving_rate == 0,
@@ -211,3 +232,13 @@ def _check_batch_stats(rule: type[Rule], config: ml_collections.ConfigDict) -> N
     "statistics (sync_sgd's workers share one model, so its statistics are averaged; "
     "'local' needs a rule whose workers have models of their own)",
   )
+
+
+def _check_no_per_model(per_model: ml_collections.ConfigDict) -> None:
+  for field, values in per_model.items():
+    require(
+      not values,
+      f"pipeline.per_model.{field}",
+      values,
+      "only the pipeline has per-model values (())",
+    )

@@ -46,7 +46,7 @@ from jax import lax
 
 from easgd.rules import exchange, model_state, optimizers
 from easgd.rules.base import BASE_READS, ELASTIC_READS, MOMENTUM_DEFAULTS, Momentum, Pull, Rule
-from easgd.rules.local import local_update, shifted, step_metrics
+from easgd.rules.optimizers import local_update, shifted, step_metrics
 from easgd.rules.spmd import AXIS, exchange_key, local_workers, sum_over_workers
 from easgd.rules.state import initial_state, stack_workers
 

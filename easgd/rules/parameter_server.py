@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec
 
 from easgd.rules import exchange, model_state, optimizers
 from easgd.rules.base import BASE_READS, ELASTIC_READS, MOMENTUM_DEFAULTS, Momentum, Pull, Rule
-from easgd.rules.local import decayed, local_update, shifted
+from easgd.rules.optimizers import decayed, local_update, shifted
 from easgd.rules.spmd import AXIS, exchange_key
 from easgd.rules.state import TrainState, initial_state, stack_workers
 from easgd.sim import clocks, ticks, timing

@@ -35,7 +35,7 @@ from jax import lax
 from easgd.errors import ConfigError
 from easgd.rules import exchange, fragments, model_state, optimizers
 from easgd.rules.base import BASE_READS, ELASTIC_READS, Pull
-from easgd.rules.local import local_update, step_metrics
+from easgd.rules.optimizers import local_update, step_metrics
 from easgd.rules.outer import OUTER_READS, CenterRule
 from easgd.rules.spmd import exchange_key, local_workers, sum_over_workers
 from easgd.rules.state import initial_state, stack_workers

@@ -10,7 +10,7 @@ from jax import lax
 
 from easgd.rules import exchange, model_state
 from easgd.rules.base import Momentum, Rule
-from easgd.rules.local import step_metrics
+from easgd.rules.optimizers import step_metrics
 from easgd.rules.spmd import AXIS, exchange_key, local_workers, sum_over_workers
 from easgd.rules.state import initial_state, stack_workers
 

@@ -27,6 +27,8 @@ import math
 import ml_collections
 import numpy as np
 
+from easgd.errors import require
+
 
 class Allreduce(enum.StrEnum):
   """How the synchronous rules' all-reduce is modelled."""
@@ -97,6 +99,26 @@ class Cluster:
     if self.allreduce == Allreduce.TREE:
       return 2 * math.ceil(math.log2(num_workers)) * self.message_time(num_bytes)
     return 2 * (num_workers - 1) * self.message_time(num_bytes / num_workers)
+
+
+def check_stragglers(cluster: ml_collections.ConfigDict, workers: int) -> None:
+  """The stragglers are workers, and each has its slowdown where slowdowns are given.
+  Raises ConfigError."""
+  stragglers = cluster.stragglers
+  require(
+    all(i < workers for i in stragglers),
+    "cluster.stragglers",
+    stragglers,
+    f"must be distinct worker indices in [0, {workers}), e.g. (3,) or (0, 5)",
+  )
+  slowdowns = cluster.straggler_slowdowns
+  require(
+    len(slowdowns) in (0, len(stragglers)),
+    "cluster.straggler_slowdowns",
+    slowdowns,
+    f"must be () or one slowdown for each of cluster.stragglers={tuple(stragglers)}"
+    + ("" if stragglers else " (no straggler yet: set cluster.stragglers first)"),
+  )
 
 
 def allreduce_bytes(model_bytes: int, num_workers: int) -> float:

@@ -20,6 +20,7 @@ from easgd.errors import require
 from easgd.infra import checkpoint, metrics, sharding
 from easgd.infra.compile import compile_program
 from easgd.pipeline import programs
+from easgd.pipeline.algorithm import PIPELINE
 from easgd.rules import Hyper
 from easgd.train import setup as setup_lib
 from easgd.train.runtimes.base import Runtime
@@ -48,7 +49,7 @@ def model_hparams(config: ml_collections.ConfigDict, values: dict, m: int) -> di
     source: values[field][m]
     for field, source in programs.PER_MODEL_SOURCE.items()
     if source == "seed"
-    or hyperparameters.shapes_trajectory(source, hyperparameters.PIPELINE, config.optimizer)
+    or hyperparameters.shapes_trajectory(source, PIPELINE.name, config.optimizer)
   }
   return shared | own
 
@@ -184,7 +185,7 @@ class PipelineRuntime(Runtime):
 
   @classmethod
   def algorithms(cls) -> tuple[str, ...]:
-    return (hyperparameters.PIPELINE,)
+    return (PIPELINE.name,)
 
   @classmethod
   def check(cls, config: ml_collections.ConfigDict) -> None:

@@ -67,6 +67,7 @@ and every event's tick is checked against the recorded one.
 """
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import itertools
@@ -461,19 +462,39 @@ def _unvalued_record(record: dict, workers: int) -> bool:
 
 def check_replay(config: ml_collections.ConfigDict) -> list[Tick]:
   """The ticks of the trace config.cluster.replay names, checked against `config`;
-  ConfigError if it is not a trace of this configuration, or not consistent."""
+  ConfigError if it is not a trace of this configuration, or not consistent.
+
+  The runtime's check asks first, the replay's clock then: the file is read,
+  checked and packed once, and each asker gets ticks of its own (the clock
+  writes into them). The file is read again if it changed in between."""
   path = config.cluster.replay
+  status = os.stat(path) if os.path.isfile(path) else None
+  identity = None if status is None else (status.st_ino, status.st_mtime_ns, status.st_size)
+  here = recorded_fields(config)
+  fields = json.dumps(here, sort_keys=True, default=str)
+  key = (os.path.abspath(path), identity, fields, config.run.total_steps)
+  if identity is None or key != _checked.get("key"):
+    _checked.clear()
+    _checked.update(key=key, ticks=_check_replay(path, here, config.run.total_steps))
+  return copy.deepcopy(_checked["ticks"])
+
+
+# The last replay checked: its key (path, file identity, fields, length) and ticks.
+_checked: dict = {}
+
+
+def _check_replay(path: str, here: dict, total_steps: int) -> list[Tick]:
   trace = read(path)
-  recorded, here = trace.header["config"], recorded_fields(config)
+  recorded = trace.header["config"]
   for field in sorted(set(recorded) | set(here)):
     if recorded.get(field) != here.get(field):
       raise ConfigError(
         f"cluster.replay={path!r} was recorded with config.{field}={recorded.get(field)!r}, "
         f"this run has {here.get(field)!r}: replay it under the configuration that recorded it"
       )
-  if config.run.total_steps != trace.ticks:
+  if total_steps != trace.ticks:
     raise ConfigError(
-      f"run.total_steps={config.run.total_steps}: cluster.replay={path!r} holds "
+      f"run.total_steps={total_steps}: cluster.replay={path!r} holds "
       f"{trace.ticks} ticks; set run.total_steps={trace.ticks}"
     )
   ticks = pack(trace.events, trace.header["workers"], trace.unvalued)

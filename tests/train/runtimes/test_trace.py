@@ -306,3 +306,25 @@ def test_a_reset_at_a_cut_packs_into_the_cuts_tick_and_only_a_reset_may_say_so(t
     path = tmp_path / f"{name}.jsonl"
     path.write_text("".join(_chained([*bodies[:5], body, *bodies[6:]])))
     _refused(path, f"line 6: .*{pattern}")
+
+
+def test_a_replay_is_read_and_checked_once_and_each_asker_gets_its_own_ticks(tmp_path, monkeypatch):
+  """The runtime's check and the replay's clock both ask for the ticks: the file is read
+  once, unless it changed in between, and the clock's writes stay its own."""
+  _write(tmp_path)
+  replay = _config()
+  replay.cluster.replay = str(tmp_path / trace.FILE)
+  replay.run.total_steps = 3
+  reads = []
+  read = trace.read
+  monkeypatch.setattr(trace, "read", lambda path: reads.append(path) or read(path))
+  first = trace.check_replay(replay)
+  time = first[0].time
+  first[0].time = -1.0
+  second = trace.check_replay(replay)
+  assert len(reads) == 1
+  assert second[0].time == time
+  _write(tmp_path, events=EVENTS[:4], ticks=2)  # rewritten: now two ticks
+  with pytest.raises(ConfigError, match=r"holds 2 ticks; set run.total_steps=2"):
+    trace.check_replay(replay)
+  assert len(reads) == 2

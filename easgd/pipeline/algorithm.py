@@ -1,16 +1,31 @@
-"""What the pipeline asks of the config across fields: one value a model in each
-per-model tuple, seeds that stay in range, and whole models moved, never
-compressed messages.
+"""The pipeline's entry in the registry of algorithms (easgd.registry): what it reads,
+what it has no use for, and what it asks of the config across fields (one
+value a model in each per-model tuple, seeds that stay in range, whole models
+moved, never compressed messages).
 
 Each field's own type and range is checked before (easgd.config.fields).
 """
 
 import ml_collections
 
+from easgd.algorithm import Algorithm
 from easgd.errors import require
 from easgd.pipeline.programs import PER_MODEL_FIELDS
 from easgd.rules.async_local import ASYNC_LOCAL_OFF
 from easgd.rules.streaming import STREAMING_OFF
+
+# The config fields the pipeline's trajectory depends on, beyond the common
+# ones (easgd.config.hyperparameters): its SGD and its own group; and the device
+# count, since the data has one partition a device and the models move along a
+# ring of devices. It has no workers and no simulated cluster.
+READS = ("optimizer", "pipeline.models", "pipeline.stage_steps", "pipeline.per_model")
+LAYOUT_READS = ("run.devices",)
+IGNORED_GROUPS = ("workers", "cluster")
+
+
+def momenta(config: ml_collections.ConfigDict) -> tuple[float, ...]:
+  """Each model's SGD momentum (one shared by all where none is given per model)."""
+  return tuple(config.pipeline.per_model.momentum) or (config.optimizer.momentum,)
 
 
 def check(config: ml_collections.ConfigDict) -> None:
@@ -56,3 +71,15 @@ def check(config: ml_collections.ConfigDict) -> None:
         config.outer[field],
         f"the pipeline {why} (leave it {off!r})",
       )
+
+
+PIPELINE = Algorithm(
+  name="pipeline",
+  reads=(*READS, *LAYOUT_READS),
+  units="pipeline.models",
+  partition_owner="device",
+  check=check,
+  ignored_groups=IGNORED_GROUPS,
+  momenta=momenta,
+  planned=False,
+)

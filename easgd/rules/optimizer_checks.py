@@ -1,6 +1,5 @@
-"""Checks across the fields of the optimizer groups, whatever the rule: the inner
-optimizer's momentum and its schedule against the run's length, the center
-family's outer optimizer.
+"""Checks across the fields of the inner optimizer group, whatever the algorithm: its
+momentum and Nesterov flag, and its schedule against the run's length.
 
 Each field's own range is declared with it (easgd.config.fields); what a rule
 asks of them is the rule's (easgd.rules.checks). Each failure is one
@@ -12,12 +11,10 @@ import math
 
 import ml_collections
 
-from easgd.config.fields import PIPELINE
 from easgd.errors import require
-from easgd.rules import RULES
 
 
-def _require_momentum_for_nesterov(nesterov: bool, momenta, prefix: str) -> None:
+def require_momentum_for_nesterov(nesterov: bool, momenta, prefix: str) -> None:
   """SGD's Nesterov flag needs a momentum to act on (each model's, for the pipeline)."""
   require(
     not nesterov or all(m > 0 for m in momenta),
@@ -27,26 +24,24 @@ def _require_momentum_for_nesterov(nesterov: bool, momenta, prefix: str) -> None
   )
 
 
-def _require_no_sgd_momentum(group, prefix: str, allowed: str) -> None:
+def require_no_sgd_momentum(group, prefix: str, allowed: str) -> None:
   """An Adam-family optimizer: SGD's momentum and Nesterov flag must be off."""
   for field in ("momentum", "nesterov"):
     require(not group[field], f"{prefix}.{field}", group[field], allowed)
 
 
-def validate_optimizer(config: ml_collections.ConfigDict) -> None:
-  """The inner optimizer and its schedule, across their fields, for any algorithm."""
+def check(config: ml_collections.ConfigDict, momenta: tuple[float, ...]) -> None:
+  """The inner optimizer and its schedule, across their fields, for any algorithm;
+  `momenta`: the SGD momenta it trains with (`Algorithm.momenta`)."""
   optimizer = config.optimizer
   if optimizer.name == "adamw":
-    _require_no_sgd_momentum(
+    require_no_sgd_momentum(
       optimizer,
       "optimizer",
       "adamw has no momentum of SGD's (its first moment is optimizer.b1); "
       "set it to 0/False or use optimizer.name='sgd'",
     )
-  per_model = config.pipeline.per_model.momentum if config.algorithm == PIPELINE else ()
-  _require_momentum_for_nesterov(
-    optimizer.nesterov, per_model or (optimizer.momentum,), "optimizer"
-  )
+  require_momentum_for_nesterov(optimizer.nesterov, momenta, "optimizer")
   _validate_schedule(optimizer, config.run.total_steps)
 
 
@@ -74,21 +69,4 @@ def _validate_schedule(optimizer: ml_collections.ConfigDict, total: int) -> None
       boundaries,
       f"the first decay (step {first} of run.total_steps={total}) must come after the "
       f"warm-up's {warmup} steps",
-    )
-
-
-def validate_outer_optimizer(config: ml_collections.ConfigDict) -> None:
-  """The center family's outer optimizer across its fields, where the rule reads it."""
-  rule = RULES.get(config.algorithm)
-  outer = config.outer
-  if rule is None or "outer.optimizer" not in rule.reads:
-    return
-  if outer.optimizer == "sgd":
-    _require_momentum_for_nesterov(outer.nesterov, (outer.momentum,), "outer")
-  if outer.optimizer == "adam":
-    _require_no_sgd_momentum(
-      outer,
-      "outer",
-      "the adam outer optimizer has moments of its own: set outer.momentum=0 and "
-      "outer.nesterov=False",
     )
