@@ -17,7 +17,8 @@ compiled without it and one line says so.
 
 Compiled programs are kept on disk by JAX's persistent compilation cache
 (`use_persistent_cache`, on by default in train.py, and so in every sweep's
-points).
+points); the processes a run starts (runtime=ray's workers and servers) are
+given the same (`cache_environment`).
 """
 
 import os
@@ -97,3 +98,20 @@ def use_persistent_cache(directory: str) -> None:
     return
   jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", directory)
+
+
+def cache_environment() -> dict[str, str]:
+  """The environment variables that give a process this process's persistent cache:
+  its folder and its threshold, or the cache turned off. A process a run starts
+  (a runtime=ray worker restarted after a failure, the next run's) then loads the
+  programs already compiled instead of compiling them again; on another node the
+  folder is that node's own."""
+  if not (jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir):
+    return {"JAX_ENABLE_COMPILATION_CACHE": "false"}
+  return {
+    "JAX_ENABLE_COMPILATION_CACHE": "true",
+    CACHE_VARIABLE: jax.config.jax_compilation_cache_dir,
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": str(
+      jax.config.jax_persistent_cache_min_compile_time_secs
+    ),
+  }

@@ -57,8 +57,13 @@ def test_a_compiled_program_is_kept_in_the_cache_folder_and_off_means_off(tmp_pa
     compile_lib.use_persistent_cache(str(tmp_path / "on"))
     compile_lib.compile_program(program, "cpu")
     assert os.listdir(tmp_path / "on")
+    # What the processes a run starts are given (runtime=ray's actors): the same folder.
+    given = compile_lib.cache_environment()
+    assert given[compile_lib.CACHE_VARIABLE] == str(tmp_path / "on")
+    assert given["JAX_ENABLE_COMPILATION_CACHE"] == "true"
     compile_lib.use_persistent_cache("")
     assert not jax.config.jax_enable_compilation_cache
+    assert compile_lib.cache_environment() == {"JAX_ENABLE_COMPILATION_CACHE": "false"}
   finally:  # the tests' cache again (tests/conftest.py)
     for name, value in before.items():
       jax.config.update(name, value)

@@ -9,11 +9,13 @@ as a cluster the runs connect to does."""
 import os
 import signal
 
+import jax
 import numpy as np
 import pytest
 
 from easgd import ray_connection
 from easgd.errors import ConfigError, WorkerFailed
+from easgd.infra import compile as compile_lib
 from easgd.infra import scalars, sharding
 from easgd.train import trainer
 from easgd.train.runtimes import trace
@@ -371,15 +373,17 @@ def test_more_gpus_than_the_machine_has_are_refused_before_a_run_starts(monkeypa
 
 def test_the_processes_environments_match_the_replay_and_share_a_gpu():
   """A CPU worker or server process sizes XLA:CPU's pool as this process does, so
-  that its convolutions round as the replay's; servers run on a CPU whatever the
-  workers run on; a GPU process asks for deterministic ops; processes that share
-  a GPU, the driver's among them, take its memory as they need it."""
+  that its convolutions round as the replay's, and keeps its programs in this
+  process's compilation cache; servers run on a CPU whatever the workers run on;
+  a GPU process asks for deterministic ops; processes that share a GPU, the
+  driver's among them, take its memory as they need it."""
   on_cpu = ray_runtime._actor_environment(0)
   assert on_cpu["JAX_PLATFORMS"] == "cpu"
   # This process has 8 CPU devices: its pool, and so theirs, has at least 8 threads.
   assert int(on_cpu["PJRT_NPROC"]) == sharding.cpu_threads() >= 8
   assert ray_runtime.PREALLOCATE_VARIABLE not in on_cpu
   assert "xla_gpu_deterministic_ops" not in on_cpu["XLA_FLAGS"]
+  assert on_cpu[compile_lib.CACHE_VARIABLE] == jax.config.jax_compilation_cache_dir
   shared = ray_runtime._actor_environment(0.25)
   assert shared[ray_runtime.PREALLOCATE_VARIABLE] == "false"
   assert "--xla_gpu_deterministic_ops=true" in shared["XLA_FLAGS"].split()

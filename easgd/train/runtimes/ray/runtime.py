@@ -27,6 +27,7 @@ from absl import logging
 import easgd
 from easgd import assembly, ray_connection
 from easgd.errors import ConfigError, require
+from easgd.infra import compile as compile_lib
 from easgd.infra import platform, sharding
 from easgd.rules import RULES
 from easgd.train.runtimes.rule_runtime import parameter_server_rules
@@ -262,7 +263,8 @@ PREALLOCATE_VARIABLE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
 def _actor_environment(gpus: float) -> dict[str, str]:
   """The environment of an actor's process: this package importable, one device a
-  process (the CPU's, unless it has GPUs).
+  process (the CPU's, unless it has GPUs), and this process's persistent
+  compilation cache (easgd.infra.compile.cache_environment).
 
   A CPU process sizes XLA:CPU's thread pool as the run's process does
   (easgd.infra.sharding.cpu_threads), whatever its node's processors: its
@@ -279,6 +281,7 @@ def _actor_environment(gpus: float) -> dict[str, str]:
     flags.append(f"--{platform.GPU_DETERMINISM}=true")
   path = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
   environment = {"XLA_FLAGS": " ".join(flags), "PYTHONPATH": path}
+  environment.update(compile_lib.cache_environment())
   if gpus:
     if gpus < 1:
       environment[PREALLOCATE_VARIABLE] = "false"
