@@ -172,14 +172,28 @@ class Process:
     return "".join(self._lines[-lines:])
 
 
-def train(workdir, *flags: str) -> Process:
-  return Process("train.py", f"--workdir={workdir}", *flags)
+# The wrapper that has a run signal itself at the end of a phase of a step (its doc).
+SIGNAL_AT = "tests/signal_at.py"
 
 
-def launch(workdir, *flags: str, processes: int = 2, grace: float | None = None) -> Process:
-  """train.py over `processes` processes (easgd.launch; `grace`: its --grace)."""
+def _wrapper(signal_at: tuple) -> tuple[str, ...]:
+  return (SIGNAL_AT, *map(str, signal_at)) if signal_at else ()
+
+
+def train(workdir, *flags: str, signal_at: tuple = ()) -> Process:
+  """train.py; `signal_at`: tests/signal_at.py's PHASE, STEP and options, where the run
+  signals itself (SIGKILL unless told)."""
+  return Process(*_wrapper(signal_at), "train.py", f"--workdir={workdir}", *flags)
+
+
+def launch(
+  workdir, *flags: str, processes: int = 2, grace: float | None = None, signal_at: tuple = ()
+) -> Process:
+  """train.py over `processes` processes (easgd.launch; `grace`: its --grace);
+  `signal_at`: as train's, in every process (--process=N: in process N only)."""
   given = () if grace is None else (f"--grace={grace:g}",)
-  command = ("-m", "easgd.launch", f"--processes={processes}", *given, "--", "train.py")
+  command = ("-m", "easgd.launch", f"--processes={processes}", *given, "--")
+  command = (*command, *_wrapper(signal_at), "train.py")
   return Process(*command, f"--workdir={workdir}", *flags)
 
 

@@ -7,7 +7,6 @@ their checkpoints with the same run in this process on a mesh of 4 devices.
 import os
 import shutil
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -84,9 +83,10 @@ def test_preempted_then_killed_over_two_processes_each_time_the_same_command_res
     2 devices (two workers a device), restored into that layout's shardings.
   """
   flags = small_flags({"data.source": "stream"}, algorithm="hogwild_easgd")
-  run = launch(tmp_path, *flags)
-  run.wait_for(r"\[process 0\].*step 10/", RUN_SECONDS)
-  run.popen.send_signal(signal.SIGTERM)
+  # Process 0 sends the launcher SIGTERM once step 10 is logged: at the same step
+  # of the run whatever the machine's load.
+  sigterm = ("event write", 10, "--process=0", "--signal=SIGTERM", "--to=parent")
+  run = launch(tmp_path, *flags, signal_at=sigterm)
   assert run.wait(RUN_SECONDS) == 0, run.tail()
   output = run.output()
   for index in (0, 1):
@@ -101,16 +101,13 @@ def test_preempted_then_killed_over_two_processes_each_time_the_same_command_res
   assert stopped < 30 and steps_saved(tmp_path)[-1] == stopped
   assert output.count("run the same command to resume") == 2
 
-  # Process 0 stops on its own once the heartbeats stop (10 s); the launcher would
-  # kill it only after a grace that no busy machine reaches.
-  run = launch(tmp_path, *flags, grace=RUN_SECONDS)
+  # Process 1 kills itself (SIGKILL) once the next checkpoint is on disk. Process 0
+  # stops on its own once the heartbeats stop (10 s); the launcher would kill it
+  # only after a grace that no busy machine reaches.
+  after = stopped - stopped % 10 + 10  # the next checkpoint
+  run = launch(tmp_path, *flags, grace=RUN_SECONDS, signal_at=("checkpoint", after, "--process=1"))
   pid = int(run.wait_for(r"process 1 \(pid (\d+)\) started", 60).group(1))
   run.wait_for(f"resumed from the checkpoint of step {stopped}", 60)
-  after = stopped - stopped % 10 + 10  # the next checkpoint
-  deadline = time.monotonic() + RUN_SECONDS
-  while not os.path.isdir(tmp_path / "checkpoints" / str(after)) and time.monotonic() < deadline:
-    time.sleep(0.02)
-  os.kill(pid, signal.SIGKILL)
   assert run.wait(2 * RUN_SECONDS) != 0
   output = run.output()
   assert f"process 1 (pid {pid}) was lost: killed by SIGKILL" in output

@@ -2,9 +2,7 @@
 of one never stopped."""
 
 import json
-import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -27,26 +25,9 @@ def history(workdir) -> dict[str, list[tuple[int, float]]]:
 
 
 def kill_right_after_checkpoint(workdir, step: int) -> None:
-  """Starts the run and SIGKILLs it the moment checkpoint `step` becomes visible."""
-  process = train(workdir, *FLAGS)
-  target = os.path.join(workdir, "checkpoints", str(step))
-  while not os.path.isdir(target):  # a run that ends first fails here
-    assert process.popen.poll() is None, process.tail()
-    time.sleep(0.0005)
-  process.popen.send_signal(signal.SIGKILL)
-  assert process.wait(timeout=30) == -signal.SIGKILL
-
-
-def kill_after_a_logged_step(workdir, process, step: int) -> None:
-  """SIGKILLs the run `process` once step `step` (past a checkpoint) has been logged
-  and its events are on disk (the loop puts them there after its log line): the
-  resumed run logs that step again."""
-  process.wait_for(rf"step {step}/", 120)
-  while step not in dict(history(workdir).get("train/loss", ())):
-    assert process.popen.poll() is None, process.tail()
-    time.sleep(0.01)  # a poll's interval, leaving the CPU to the run
-  process.popen.send_signal(signal.SIGKILL)
-  assert process.wait(timeout=30) == -signal.SIGKILL
+  """Runs the run until it SIGKILLs itself the moment checkpoint `step` is on disk."""
+  process = train(workdir, *FLAGS, signal_at=("checkpoint", step))
+  assert process.wait(timeout=300) == -signal.SIGKILL, process.tail()
 
 
 @pytest.fixture(scope="module")
@@ -67,30 +48,30 @@ def _assert_kept_up_to_the_checkpoint(workdir, uninterrupted, killed_after: int)
     assert before[tag][: len(kept)] == kept, tag
 
 
-def _resume(workdir, killed_after: int, kill=None) -> None:
+def _resume(workdir, killed_after: int, logged_then_killed: int | None = None) -> None:
   """The same command again: it resumes from the checkpoint the kill left, with steps
-  still to train (and is killed in turn by `kill`, if given)."""
-  resumed = train(workdir, *FLAGS)
+  still to train (and SIGKILLs itself once the points of step `logged_then_killed`,
+  if given, are on disk: the next resumed run logs that step again)."""
+  signal_at = () if logged_then_killed is None else ("event write", logged_then_killed)
+  resumed = train(workdir, *FLAGS, signal_at=signal_at)
   checkpoint = killed_after - killed_after % 10
   line = resumed.wait_for(r"resumed from the checkpoint of step (\d+)", 120)
   assert checkpoint <= int(line.group(1)) < 40
-  if kill is not None:
-    kill(resumed)
-  else:
-    assert resumed.wait(timeout=300) == 0, resumed.tail()
+  expected = 0 if logged_then_killed is None else -signal.SIGKILL
+  assert resumed.wait(timeout=300) == expected, resumed.tail()
 
 
 def test_history_is_whole_after_a_kill_at_a_checkpoint_then_one_after_a_logged_step(
   tmp_path, uninterrupted
 ):
-  """SIGKILL the moment checkpoint 20 is visible (the resumed run trains on from it),
-  then, in the resumed run, after step 25 was logged and written past checkpoint
+  """SIGKILL the moment checkpoint 20 is on disk (the resumed run trains on from it),
+  then, in the resumed run, once step 25 was logged and written past checkpoint
   20 (the next resumed run logs that step again): every step once, with the same
   value, and the state and clock of the run never stopped."""
   uninterrupted, final, clock = uninterrupted
   kill_right_after_checkpoint(tmp_path, 20)
   _assert_kept_up_to_the_checkpoint(tmp_path, uninterrupted, 20)
-  _resume(tmp_path, 20, kill=lambda process: kill_after_a_logged_step(tmp_path, process, 25))
+  _resume(tmp_path, 20, logged_then_killed=25)
   _assert_kept_up_to_the_checkpoint(tmp_path, uninterrupted, 25)
   _resume(tmp_path, 25)
   after = history(tmp_path)

@@ -5,7 +5,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -136,10 +135,11 @@ def _leaves(tree):
   return [np.asarray(tree)]
 
 
-def _train_cli(workdir, *overrides, wait=True):
-  command = [sys.executable, "train.py", f"--workdir={workdir}", *overrides]
-  if not wait:
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _train_cli(workdir, *overrides, kill_at=()):
+  """train.py in a new process; `kill_at`: tests/signal_at.py's PHASE and STEP, where the
+  process kills itself."""
+  wrapper = [runs.SIGNAL_AT, *kill_at] if kill_at else []
+  command = [sys.executable, *wrapper, "train.py", f"--workdir={workdir}", *overrides]
   return subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
@@ -155,17 +155,12 @@ def resumed_runs(request, tmp_path_factory):
   straight = tmp_path_factory.mktemp("straight")
   assert _train_cli(straight, *run).returncode == 0
   resumed = tmp_path_factory.mktemp("resumed")
-  process = _train_cli(resumed, *run, wait=False)
-  deadline = time.monotonic() + 120
-  while not os.path.isdir(resumed / "checkpoints" / "10") and time.monotonic() < deadline:
-    time.sleep(0.05)
-  process.send_signal(signal.SIGKILL)
-  assert process.wait(timeout=30) == -signal.SIGKILL
-  killed_at = max(int(name) for name in os.listdir(resumed / "checkpoints") if name.isdigit())
-  assert killed_at < 40
+  killed = _train_cli(resumed, *run, kill_at=("checkpoint", "10"))
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+  assert [name for name in os.listdir(resumed / "checkpoints") if name.isdigit()] == ["10"]
   finished = _train_cli(resumed, *run)
   assert finished.returncode == 0, finished.stderr[-2000:]
-  assert "resumed from the checkpoint of step" in finished.stderr
+  assert "resumed from the checkpoint of step 10" in finished.stderr
   return straight, resumed, run
 
 
