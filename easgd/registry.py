@@ -4,6 +4,9 @@ pipeline (easgd.pipeline.algorithm). The config layer reads the entry
 (easgd.algorithm.Algorithm) and never which algorithm it is.
 """
 
+import types
+from collections.abc import Mapping
+
 from easgd.algorithm import Algorithm
 from easgd.pipeline.algorithm import PIPELINE
 from easgd.rules import RULES, Rule
@@ -23,7 +26,6 @@ def _of_rule(rule: type[Rule]) -> Algorithm:
   )
 
 
-ALGORITHMS: dict[str, Algorithm] = {
-  **{name: _of_rule(rule) for name, rule in RULES.items()},
-  PIPELINE.name: PIPELINE,
-}
+ALGORITHMS: Mapping[str, Algorithm] = types.MappingProxyType(
+  {**{name: _of_rule(rule) for name, rule in RULES.items()}, PIPELINE.name: PIPELINE}
+)

@@ -74,7 +74,8 @@ def moved(field: str) -> str | None:
 def with_rule_defaults(
   config: ml_collections.ConfigDict, given: Iterable[str] = (), saved: dict | None = None
 ) -> dict[str, object]:
-  """Sets, in place, the chosen rule's own defaults (`Rule.defaults`), all of them or
+  """Sets, in place, the chosen algorithm's own defaults (`Algorithm.defaults`: a rule's
+  `Rule.defaults`; the pipeline has none), all of them or
   none: none if the command line sets any of their fields (`given`, dotted) or
   the config file gives any another value than the default config's. Returns
   what was set.
@@ -88,7 +89,9 @@ def with_rule_defaults(
   Its values of these fields are taken instead, so that a run resumes with the
   values it started with, also one started before its rule had defaults.
   """
-  own = ALGORITHMS[config.algorithm].defaults
+  # Before validation: an unknown algorithm has none here, and is named there.
+  algorithm = ALGORITHMS.get(config.algorithm)
+  own = algorithm.defaults if algorithm is not None else {}
   if not own:
     return {}
   defaults = default_config()

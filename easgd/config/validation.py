@@ -67,8 +67,8 @@ def check_resumable(
 ) -> None:
   """A workdir's checkpoint may only be resumed by a configuration that trains the same
   trajectory: only fields that do not shape it (easgd.config.hyperparameters) may differ,
-  and its rule's equations must not have changed since the checkpoint's
-  `revision` (easgd.infra.checkpoint.REVISION, `Rule.changed_since`)."""
+  and its algorithm's equations must not have changed since the checkpoint's
+  `revision` (easgd.infra.checkpoint.REVISION, `Algorithm.changed_since`)."""
   # A checkpoint of an earlier version has flat names: compare under the grouped ones.
   saved = hyperparameters.grouped(saved)
   current = hyperparameters.flatten(config.to_dict())

@@ -235,6 +235,7 @@ def _check_batch_stats(rule: type[Rule], config: ml_collections.ConfigDict) -> N
 
 
 def _check_no_per_model(per_model: ml_collections.ConfigDict) -> None:
+  # The pipeline's per-model fields, whatever they are: the rules cannot name them.
   for field, values in per_model.items():
     require(
       not values,

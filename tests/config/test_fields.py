@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from easgd import cli, rules
+from easgd import cli, registry, rules
 from easgd.config import fields, hyperparameters, reference, validation
 from easgd.configs import default
 from easgd.errors import ConfigError
@@ -84,9 +84,7 @@ def test_what_shapes_a_trajectory_is_declared():
   assert not hyperparameters.shapes_trajectory("cluster.latency", "pipeline")
   for field in fields.FIELDS_DECLARED:
     if field.shapes == fields.Shapes.NEVER:
-      assert not any(
-        hyperparameters.shapes_trajectory(field.path, a) for a in hyperparameters.ALGORITHMS
-      )
+      assert not any(hyperparameters.shapes_trajectory(field.path, a) for a in registry.ALGORITHMS)
 
 
 def test_docs_configuration_md_is_generated_from_the_declarations():

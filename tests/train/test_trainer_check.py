@@ -20,14 +20,14 @@ import sys
 
 from jax._src import xla_bridge
 
-from easgd import cli
+from easgd import cli, registry
 from easgd.config import hyperparameters
 from easgd.errors import ConfigError
 from easgd.infra import platform
 from easgd.train import runtimes, trainer
 
 checked = []
-for algorithm in hyperparameters.ALGORITHMS:
+for algorithm in registry.ALGORITHMS:
   for runtime in runtimes.named():
     config = hyperparameters.default_config()
     config.algorithm, config.runtime = algorithm, runtime
@@ -47,7 +47,7 @@ print(" ".join(sorted(set(checked))))
 
 @pytest.mark.e2e  # a process of its own: the tests' own has its backend started
 def test_no_check_of_any_algorithm_or_runtime_starts_a_backend():
-  from easgd.config import hyperparameters  # noqa: PLC0415 (after conftest set the devices)
+  from easgd import registry  # noqa: PLC0415 (after conftest set the devices)
 
   done = subprocess.run(
     [sys.executable, "-c", SCRIPT],
@@ -59,4 +59,4 @@ def test_no_check_of_any_algorithm_or_runtime_starts_a_backend():
   )
   assert done.returncode == 0, done.stderr[-2000:]
   # Every algorithm was checked on at least one runtime.
-  assert done.stdout.split() == sorted(hyperparameters.ALGORITHMS), done.stdout
+  assert done.stdout.split() == sorted(registry.ALGORITHMS), done.stdout

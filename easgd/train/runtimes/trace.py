@@ -469,7 +469,15 @@ def check_replay(config: ml_collections.ConfigDict) -> list[Tick]:
   writes into them). The file is read again if it changed in between."""
   path = config.cluster.replay
   status = os.stat(path) if os.path.isfile(path) else None
-  identity = None if status is None else (status.st_ino, status.st_mtime_ns, status.st_size)
+  identity = None
+  if status is not None:
+    identity = (
+      status.st_dev,
+      status.st_ino,
+      status.st_mtime_ns,
+      status.st_ctime_ns,
+      status.st_size,
+    )
   here = recorded_fields(config)
   fields = json.dumps(here, sort_keys=True, default=str)
   key = (os.path.abspath(path), identity, fields, config.run.total_steps)
