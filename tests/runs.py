@@ -84,13 +84,18 @@ def steps_saved(workdir) -> list[int]:
   return checkpoint.saved_steps(str(workdir))
 
 
-def assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, algorithm, overrides, stop):
-  """SMALL_RUN of `algorithm` with `overrides` trained straight to its end, and trained to
-  step `stop` then resumed to its end: the same bytes in every leaf at the end."""
+def assert_stopped_and_resumed_ends_as_never_stopped(
+  tmp_path, algorithm, overrides, stop, straight=None
+):
+  """SMALL_RUN of `algorithm` with `overrides` trained straight to its end (or the
+  workdir `straight` of that run), and trained to step `stop` then resumed to its end:
+  the same bytes in every leaf at the end."""
   from easgd.train import trainer  # noqa: PLC0415 (after conftest has set the devices)
 
-  straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-  trainer.train_and_evaluate(small_config(overrides, algorithm=algorithm), str(straight))
+  stopped = tmp_path / "stopped"
+  if straight is None:
+    straight = tmp_path / "straight"
+    trainer.train_and_evaluate(small_config(overrides, algorithm=algorithm), str(straight))
   early = small_config({**overrides, "run.total_steps": stop}, algorithm=algorithm)
   trainer.train_and_evaluate(early, str(stopped))
   assert steps_saved(stopped)[-1] == stop

@@ -1,8 +1,6 @@
 """The planner reads memory and FLOPs from the compiled step and refuses what cannot be planned."""
 
 import os
-import subprocess
-import sys
 import types
 
 import pytest
@@ -69,16 +67,11 @@ def test_pipeline_and_zero_memory_are_refused():
     plan.check_plannable(config)
 
 
-def _plan_cli(*overrides):
-  command = [sys.executable, "-m", "easgd.plan", "--config=configs/default.py", *overrides]
-  return subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.e2e
-def test_cli_reports_memory_time_and_the_workers_that_pay():
-  result = _plan_cli("--config.algorithm=async_easgd", "--config.workers=4")
-  assert result.returncode == 0, result.stderr
-  out = result.stdout
+def test_cli_reports_memory_time_and_the_workers_that_pay(starter):
+  argv = ["-m", "easgd.plan", "--config=configs/default.py", "--config.algorithm=async_easgd"]
+  code, out, stderr = starter.run([*argv, "--config.workers=4"], REPO, timeout=300)
+  assert code == 0, stderr
   assert "largest batch: 1000, set by the partition of 1000 examples" in out
   assert "S1 activations" in out and "S2 state" in out and "S3 batch-independent" in out
   assert "communication dominates from P = " in out

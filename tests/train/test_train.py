@@ -2,9 +2,7 @@
 
 import os
 import re
-import signal
-import subprocess
-import sys
+import shutil
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -135,43 +133,12 @@ def _leaves(tree):
   return [np.asarray(tree)]
 
 
-def _train_cli(workdir, *overrides, kill_at=()):
-  """train.py in a new process; `kill_at`: tests/signal_at.py's PHASE and STEP, where the
-  process kills itself."""
-  wrapper = [runs.SIGNAL_AT, *kill_at] if kill_at else []
-  command = [sys.executable, *wrapper, "train.py", f"--workdir={workdir}", *overrides]
-  return subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
-
-
-@pytest.fixture(scope="module", params=["pipeline"])
-def resumed_runs(request, tmp_path_factory):
-  """An uninterrupted run, and one killed with SIGKILL after a checkpoint and resumed.
-
-  The pipeline resumes its models in the slots where they were; sync_easgd is
-  killed and resumed in test_history.py (its history and state), and the
-  asynchronous rules' clocks are resumed in test_preemption.py.
-  """
-  run = small_flags(algorithm=request.param)
-  straight = tmp_path_factory.mktemp("straight")
-  assert _train_cli(straight, *run).returncode == 0
-  resumed = tmp_path_factory.mktemp("resumed")
-  killed = _train_cli(resumed, *run, kill_at=("checkpoint", "10"))
-  assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-  assert [name for name in os.listdir(resumed / "checkpoints") if name.isdigit()] == ["10"]
-  finished = _train_cli(resumed, *run)
-  assert finished.returncode == 0, finished.stderr[-2000:]
-  assert "resumed from the checkpoint of step 10" in finished.stderr
-  return straight, resumed, run
-
-
-def test_kill_and_resume_ends_bitwise_equal_to_an_uninterrupted_run(resumed_runs):
-  straight, resumed, _ = resumed_runs
-  a = ocp.PyTreeCheckpointer().restore(straight / "checkpoints" / "40" / "state")
-  b = ocp.PyTreeCheckpointer().restore(resumed / "checkpoints" / "40" / "state")
-  leaves_a, leaves_b = _leaves(a), _leaves(b)
-  assert len(leaves_a) == len(leaves_b) > 10
-  for x, y in zip(leaves_a, leaves_b, strict=True):
-    assert x.dtype == y.dtype and np.array_equal(x, y)
+def test_a_pipeline_stopped_mid_stage_resumes_its_models_in_their_slots(tmp_path, small_run):
+  """The pipeline's models resume on the devices and partitions where they were
+  (an asynchronous rule's clock: tests/infra/test_preemption.py; SIGKILL of
+  train.py and its history: tests/infra/test_history.py)."""
+  straight = small_run("pipeline")
+  runs.assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "pipeline", {}, 15, straight)
 
 
 @pytest.mark.parametrize(
@@ -227,22 +194,26 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, starter, o
   assert not workdir.exists()
 
 
-def test_workdir_of_another_configuration_is_refused_untouched(resumed_runs):
-  _, resumed, run = resumed_runs
-  before = sorted(os.listdir(resumed / "checkpoints"))
-  result = _train_cli(resumed, *run, "--config.optimizer.learning_rate=0.2")
-  assert result.returncode == 2
-  assert "holds a checkpoint of another configuration" in result.stderr
-  assert "config.optimizer.learning_rate is 0.1 there, 0.2 here" in result.stderr
-  assert sorted(os.listdir(resumed / "checkpoints")) == before
+def test_workdir_of_another_configuration_is_refused_untouched(tmp_path, small_run, starter):
+  workdir = tmp_path / "run"
+  shutil.copytree(small_run("pipeline"), workdir)
+  before = sorted(os.listdir(workdir / "checkpoints"))
+  flags = [*small_flags(algorithm="pipeline"), "--config.optimizer.learning_rate=0.2"]
+  code, _, stderr = starter.run(["train.py", f"--workdir={workdir}", *flags], REPO)
+  assert code == 2
+  assert "holds a checkpoint of another configuration" in stderr
+  assert "config.optimizer.learning_rate is 0.1 there, 0.2 here" in stderr
+  assert sorted(os.listdir(workdir / "checkpoints")) == before
 
 
 @pytest.mark.e2e
 def test_without_a_workdir_each_algorithm_gets_its_own(tmp_path, starter):
-  """runs/<algorithm> under the current directory: another rule starts afresh."""
+  """runs/<algorithm> under the current directory: another rule starts afresh beside
+  the runs of the others."""
+  (tmp_path / "runs" / "sync_easgd").mkdir(parents=True)  # another rule's run
   train = os.path.join(REPO, "train.py")
-  for algorithm in ("sync_easgd", "local_sgd"):
-    overrides = {"run.total_steps": 2, "run.checkpoint_every": 0, "outer.moving_rate": 0.0}
-    code, _, stderr = starter.run([train, *small_flags(overrides, algorithm=algorithm)], tmp_path)
-    assert code == 0, stderr[-2000:]
+  overrides = {"run.total_steps": 2, "run.checkpoint_every": 0, "outer.moving_rate": 0.0}
+  code, _, stderr = starter.run([train, *small_flags(overrides, algorithm="local_sgd")], tmp_path)
+  assert code == 0, stderr[-2000:]
   assert sorted(os.listdir(tmp_path / "runs")) == ["local_sgd", "sync_easgd"]
+  assert os.listdir(tmp_path / "runs" / "sync_easgd") == []

@@ -293,37 +293,35 @@ def test_a_killed_worker_under_stop_and_a_killed_server_stop_the_run_in_one_line
   assert "\n" not in str(error.value)
   monkeypatch.undo()
 
-  # At a cut, a run each: worker 1 killed as the run fetches the evaluation cut of
-  # step 6 or the checkpoint cut of step 20, server 1 as it fetches the log cut of
-  # step 4 or the checkpoint cut of step 20 (every kind of cut is the same fetch).
-  # Each stops the run in one line, the checkpoint before it kept.
+  # At a cut: worker 1 killed as the run fetches the checkpoint cut of step 20, server
+  # 1 as it fetches the log cut of step 4 (every kind of cut is the same fetch). Each
+  # stops the run in one line, the checkpoint before it kept.
   config = _config(
     "async_easgd",
     **{"runtime": "ray", "ray.servers": 2, "cluster.on_worker_loss": "stop", **CUTS},
   )
+  _killing_at_cuts(monkeypatch, {20: 1})
+  with pytest.raises(
+    WorkerFailed, match=r"^worker 1's process died at the cut of step 20 "
+  ) as error:
+    trainer.train_and_evaluate(config, str(tmp_path / "worker_at_cut"))
+  assert "\n" not in str(error.value)
+  assert steps_saved(tmp_path / "worker_at_cut") == [10]
+  monkeypatch.undo()
   fetch = ray_workers.RayWorkers.fetch_cut
-  for cut in (6, 20):
-    _killing_at_cuts(monkeypatch, {cut: 1})
-    at_cut = rf"^worker 1's process died at the cut of step {cut} "
-    with pytest.raises(WorkerFailed, match=at_cut) as error:
-      trainer.train_and_evaluate(config, str(tmp_path / f"worker_at_{cut}"))
-    assert "\n" not in str(error.value)
-    assert steps_saved(tmp_path / f"worker_at_{cut}") == ([10] if cut == 20 else [])
-    monkeypatch.undo()
-  for cut in (4, 20):
 
-    def kill_server_then_fetch(self, cut=cut):
-      if self.limit + 1 == cut:
-        pid, *_ = ray.get(self.servers[1].where.remote())
-        os.kill(pid, signal.SIGKILL)
-      return fetch(self)
+  def kill_server_then_fetch(self):
+    if self.limit + 1 == 4:
+      pid, *_ = ray.get(self.servers[1].where.remote())
+      os.kill(pid, signal.SIGKILL)
+    return fetch(self)
 
-    monkeypatch.setattr(ray_workers.RayWorkers, "fetch_cut", kill_server_then_fetch)
-    with pytest.raises(WorkerFailed, match=r"^server 1's process died") as error:
-      trainer.train_and_evaluate(config, str(tmp_path / f"server_at_{cut}"))
-    assert "\n" not in str(error.value)
-    assert steps_saved(tmp_path / f"server_at_{cut}") == ([10] if cut == 20 else [])
-    monkeypatch.undo()
+  monkeypatch.setattr(ray_workers.RayWorkers, "fetch_cut", kill_server_then_fetch)
+  with pytest.raises(WorkerFailed, match=r"^server 1's process died") as error:
+    trainer.train_and_evaluate(config, str(tmp_path / "server_at_cut"))
+  assert "\n" not in str(error.value)
+  assert steps_saved(tmp_path / "server_at_cut") == []
+  monkeypatch.undo()
 
 
 def _refused(config, pattern):

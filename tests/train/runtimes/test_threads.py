@@ -55,8 +55,7 @@ def _record_and_replay(tmp_path, config):
   [
     ("async_easgd", 2, False),  # fcfs; the default config's LeNet-5
     ("original_easgd", 4, False),  # round robin (a straggler holds up every round)
-    ("hogwild_easgd", 2, True),  # no lock
-    ("hogwild_sgd", 4, True),
+    ("hogwild_easgd", 2, True),  # no lock (hogwild_sgd's discipline too)
     ("async_measgd", 2, True),  # EAMSGD: the step starts from the look-ahead point
     ("async_local_sgd", 2, True),  # Delayed Nesterov, and DyLU's H of each worker's own
   ],
