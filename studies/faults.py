@@ -121,7 +121,7 @@ FAULTS = [
     inject.SYNC,
     2,
     _corrupt("truncate"),
-    "tests/infra/test_checkpoint.py::test_a_corrupt_checkpoint_is_set_aside_and_the_one_before_resumed",
+    DISTRIBUTED + "pipeline_over_two_processes_equals_one_process_and_sets_a_bad_checkpoint_aside",
   ),
   Fault(
     "a bit flipped in the newest checkpoint",

@@ -32,7 +32,9 @@ def _each_process_read_half_the_data(output: str) -> None:
     assert f"process {index} reads 2 of 4 training partitions (2000 examples)" in output
 
 
-def test_pipeline_over_two_processes_equals_one_process(tmp_path, small_run):
+def test_pipeline_over_two_processes_equals_one_process_and_sets_a_bad_checkpoint_aside(
+  tmp_path, small_run
+):
   run = launch(tmp_path, *small_flags(algorithm="pipeline"))
   assert run.wait(RUN_SECONDS) == 0, run.tail()
   output = run.output()
@@ -46,6 +48,21 @@ def test_pipeline_over_two_processes_equals_one_process(tmp_path, small_run):
   # Only process 0 writes TensorBoard events: one file a model.
   for m in range(4):
     assert len(os.listdir(tmp_path / f"model_{m}")) == 1
+
+  # A checkpoint that the processes cannot read: together they set it aside and
+  # stop at once (exit 1). (The next run resumes from the one before, as a single
+  # process does: tests/infra/test_checkpoint.py.)
+  state_dir = tmp_path / "checkpoints" / "40" / "state"
+  files = [os.path.join(root, name) for root, _, names in os.walk(state_dir) for name in names]
+  largest = max(files, key=os.path.getsize)
+  with open(largest, "r+b") as f:
+    f.truncate(os.path.getsize(largest) // 2)
+  stopped = launch(tmp_path, *small_flags(algorithm="pipeline"))
+  assert stopped.wait(RUN_SECONDS) != 0
+  assert "could not read the checkpoint of step 40" in stopped.output()
+  assert "run the same command again to resume from the one before" in stopped.output()
+  assert os.path.isdir(tmp_path / "corrupt_checkpoints" / "40")
+  assert steps_saved(tmp_path) == [20, 30]
 
 
 def test_preempted_then_killed_over_two_processes_each_time_the_same_command_resumes(

@@ -1,4 +1,4 @@
-"""End to end: training, TensorBoard, TFDS, kill-and-resume, bad input, divergence."""
+"""End to end: training, TensorBoard, TFDS, the pipeline's resume, bad input, divergence."""
 
 import os
 import re

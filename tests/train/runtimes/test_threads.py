@@ -55,7 +55,8 @@ def _record_and_replay(tmp_path, config):
   [
     ("async_easgd", 2, False),  # fcfs; the default config's LeNet-5
     ("original_easgd", 4, False),  # round robin (a straggler holds up every round)
-    ("hogwild_easgd", 2, True),  # no lock (hogwild_sgd's discipline too)
+    ("hogwild_easgd", 2, True),  # no lock: the elastic step
+    ("hogwild_sgd", 2, True),  # no lock: a pushed gradient
     ("async_measgd", 2, True),  # EAMSGD: the step starts from the look-ahead point
     ("async_local_sgd", 2, True),  # Delayed Nesterov, and DyLU's H of each worker's own
   ],
