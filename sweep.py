@@ -28,6 +28,7 @@ from ml_collections import config_flags
 from easgd import arguments, cli, executor, sweep
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint
+from easgd.pipeline import algorithm as pipeline
 from easgd.pipeline import programs
 from easgd.train import trainer
 
@@ -102,10 +103,10 @@ def pipeline_plan(points, config) -> tuple[list[str], object]:
   if any(set(point) != set(fields) for point in points):
     raise ConfigError("--pipeline: every sweep point must set the same fields")
   per_model = {
-    f"pipeline.per_model.{per_model_of[field]}": tuple(point[field] for point in points)
+    pipeline.PER_MODEL[per_model_of[field]].path: tuple(point[field] for point in points)
     for field in fields
   }
-  models = {"algorithm": "pipeline", "pipeline.models": len(points)}
+  models = {"algorithm": pipeline.PIPELINE.name, pipeline.MODELS.path: len(points)}
   try:
     pipelined = sweep.apply(config, models | per_model)
   except (TypeError, ValueError) as error:

@@ -11,6 +11,8 @@ from typing import Any
 
 import ml_collections
 
+from easgd.declare import Field
+
 Config = ml_collections.ConfigDict
 
 
@@ -39,6 +41,8 @@ class Algorithm:
       or "device" for the pipeline), as error messages name it.
     check: raises ConfigError for the first value across fields it does not
       accept (each field's own range is checked before).
+    declares: the config fields it declares (easgd.declare.Field): a rule's
+      classes' (`Rule.declared`), the pipeline's group.
     ignored_groups: the config groups it has no use for: their fields shape
       none of its trajectories.
     defaults: its own values of fields whose default config values would fail
@@ -55,6 +59,7 @@ class Algorithm:
   units: str
   partition_owner: str
   check: Callable[[Config], None]
+  declares: tuple[Field, ...] = ()
   ignored_groups: tuple[str, ...] = ()
   defaults: Mapping[str, Any] = dataclasses.field(
     default_factory=lambda: types.MappingProxyType({})

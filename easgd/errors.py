@@ -25,10 +25,11 @@ class WorkerFailed(RuntimeError):
   step and the error. train.py exits with status 1."""
 
 
-def require(ok: bool, field: str, value, allowed: str) -> None:
-  """A ConfigError naming config.`field`, its `value` and what is `allowed`, unless `ok`."""
+def require(ok: bool, field, value, allowed: str) -> None:
+  """A ConfigError naming config.`field` (a dotted path, or a declared field:
+  easgd.declare.Field), its `value` and what is `allowed`, unless `ok`."""
   if not ok:
-    raise ConfigError(f"config.{field}={value!r} is invalid: {allowed}")
+    raise ConfigError(f"config.{getattr(field, 'path', field)}={value!r} is invalid: {allowed}")
 
 
 def is_int(value) -> bool:

@@ -21,6 +21,7 @@ def _of_rule(rule: type[Rule]) -> Algorithm:
     units="workers",
     partition_owner="worker",
     check=rule_checks.check,
+    declares=rule.declared(),
     defaults=rule.defaults,
     changed_since=rule.changed_since,
   )

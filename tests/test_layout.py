@@ -15,7 +15,14 @@ PACKAGE_DIRS["easgd.studies"] = REPO / "studies"
 # The package's layers, from the bottom: a module imports its own layer or lower
 # ones. The entry points and the packaged configs sit on top.
 LAYERS = (
-  ("easgd.errors", "easgd.arguments", "easgd.durations", "easgd.ray_connection", "easgd.algorithm"),
+  (
+    "easgd.errors",
+    "easgd.declare",
+    "easgd.arguments",
+    "easgd.durations",
+    "easgd.ray_connection",
+    "easgd.algorithm",
+  ),
   ("easgd.models",),
   ("easgd.rules", "easgd.sim"),
   ("easgd.infra",),
@@ -74,7 +81,16 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
+def _declarations(name: str) -> bool:
+  """A part's declarations module (its `fields`): it imports nothing but the declaring
+  mechanism, so it sits at the bottom wherever its part is, and the config layer
+  may assemble it (a runtime's fields, declared beside the runtime)."""
+  return name.endswith(".fields") and GRAPH[name] <= {"easgd.declare"}
+
+
 def _layer(name: str) -> int:
+  if _declarations(name):
+    return 0
   for index, prefixes in enumerate(LAYERS):
     if any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes):
       return index

@@ -23,21 +23,22 @@ from collections.abc import Iterable
 import ml_collections
 
 from easgd.config import fields
-from easgd.config.fields import Shapes
 from easgd.data import stream
+from easgd.declare import Shapes
+from easgd.pipeline import algorithm as pipeline
 from easgd.registry import ALGORITHMS
 from easgd.rules import optimizers
 
 RUN_GROUPS = ("run", "device")
 # The run field a learning-rate schedule spans (easgd.rules.optimizers).
-SCHEDULE_HORIZON = "run.total_steps"
+SCHEDULE_HORIZON = optimizers.TOTAL_STEPS.path
 ALGORITHM_GROUPS = ("optimizer", "outer", "downpour", "pipeline")
 
 # Old names (the flat ones of earlier versions, and the flat spellings of a few
 # newer fields) -> the grouped names, as the fields declare them.
 MOVED = {
   # The pipeline's per-model group, whose fields each name their old spelling too.
-  "per_model": "pipeline.per_model",
+  "per_model": pipeline.PER_MODEL_GROUP,
   **{old: field.path for field in fields.FIELDS_DECLARED for old in field.formerly},
 }
 

@@ -19,9 +19,11 @@ values it allows, whether it shapes the run's trajectory, and what it means.
 Override any with `--config.GROUP.FIELD=VALUE`; a config file starts from the
 default config and sets what differs.
 
-This page is generated from the fields' declarations in
-`easgd/config/fields.py` (`python -m easgd.config.reference >
-docs/configuration.md`); a test keeps it equal to them.
+This page is generated from the fields' declarations, which each part of
+the package makes beside its code (`easgd.declare.Field`; a rule's on its
+class, `Rule.declares`) and `easgd/config/fields.py` assembles
+(`python -m easgd.config.reference > docs/configuration.md`); a test keeps it
+equal to them.
 
 **Shapes the trajectory**: *always* (but `workers` and `cluster.*` for the
 pipeline, which has neither); *if read*: only for an algorithm that

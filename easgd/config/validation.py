@@ -6,15 +6,16 @@ the algorithm (easgd.rules.optimizer_checks), how the algorithm's units spread
 over the devices, and what the algorithm asks (`Algorithm.check` of its entry
 in easgd.registry: a rule's in easgd.rules.checks, the pipeline's in
 easgd.pipeline.algorithm). What a runtime asks is the runtime's
-(easgd.train.runtimes.select). Which fields may change on resume comes from
+(easgd.train.runtimes.registry.select). Which fields may change on resume comes from
 easgd.config.hyperparameters.
 """
 
 import ml_collections
 
 from easgd.config import fields, hyperparameters
+from easgd.data import batches
 from easgd.errors import ConfigError, require
-from easgd.infra import checkpoint, profiler
+from easgd.infra import checkpoint, profiler, sharding
 from easgd.registry import ALGORITHMS
 from easgd.rules import optimizer_checks
 
@@ -31,11 +32,28 @@ def validate(config: ml_collections.ConfigDict) -> None:
     value = hyperparameters.lookup(config, field.path)
     require(field.allowed.accepts(value), field.path, value, field.allowed.text)
   why = profiler.refusal(config.run.profile, config.run.total_steps)
-  require(why is None, "run.profile", config.run.profile, why)
+  require(why is None, profiler.PROFILE, config.run.profile, why)
   algorithm = ALGORITHMS[config.algorithm]
   optimizer_checks.check(config, algorithm.momenta(config))
   _require_spread(config, algorithm.units)
+  _require_exclusive_off(config)
   algorithm.check(config)
+
+
+def _require_exclusive_off(config: ml_collections.ConfigDict) -> None:
+  """A field only some algorithms read (`Field.exclusive`) stays off for the others."""
+  for field in fields.FIELDS_DECLARED:
+    if not field.exclusive or field.path in hyperparameters.reads(config.algorithm):
+      continue
+    takes = ", ".join(name for name in ALGORITHMS if field.path in hyperparameters.reads(name))
+    value = field.of(config)
+    require(
+      value == field.off,
+      field.path,
+      value,
+      f"{config.algorithm} has no {field.exclusive} (leave it {field.off!r}); rules that "
+      f"read it: {takes}",
+    )
 
 
 def _require_spread(config: ml_collections.ConfigDict, field: str) -> None:
@@ -43,7 +61,7 @@ def _require_spread(config: ml_collections.ConfigDict, field: str) -> None:
   count, devices = hyperparameters.lookup(config, field), config.run.devices
   require(
     devices == 0 or count % devices == 0,
-    "run.devices",
+    sharding.DEVICES,
     devices,
     f"must divide config.{field}={count} (each device holds {field}/devices of them)",
   )
@@ -55,7 +73,7 @@ def validate_partition(config: ml_collections.ConfigDict, train_examples: int, p
   owner = ALGORITHMS[config.algorithm].partition_owner
   require(
     config.data.batch_size <= per_part,
-    "data.batch_size",
+    batches.BATCH_SIZE,
     config.data.batch_size,
     f"must be <= {per_part}, the examples in each {owner}'s partition "
     f"({train_examples} {config.data.dataset} training examples over {parts} {owner}s)",

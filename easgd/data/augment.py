@@ -14,7 +14,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from easgd.declare import Field, one_of
+
 CHOICES = ("none", "crop_flip")
+AUGMENT = Field(
+  "data.augment",
+  "none",
+  one_of(CHOICES),
+  "none, or crop_flip: CIFAR's pad-4 random crop and horizontal flip, on the device",
+  formerly=("augment",),
+)
 PADDING = 4
 # Folded into the run key to give augmentation a stream apart from the data
 # order's, whose fold-ins are epoch numbers (far below this).

@@ -20,7 +20,16 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from easgd.data import augment as augment_lib
+from easgd.declare import Field, integer
 from easgd.rules.spmd import AXIS, local_workers
+
+BATCH_SIZE = Field(
+  "data.batch_size",
+  32,
+  integer(1, note="examples per worker per step"),
+  "examples per worker per step (the pipeline: per model)",
+  formerly=("batch_size",),
+)
 
 
 def partition_indices(num_examples: int, num_parts: int, seed: int) -> np.ndarray:

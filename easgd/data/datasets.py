@@ -22,6 +22,7 @@ import numpy as np
 
 from easgd.data import records
 from easgd.data.dataset import Dataset, Shape
+from easgd.declare import Field, one_of
 from easgd.errors import ConfigError
 
 
@@ -229,6 +230,15 @@ DATASETS: dict[str, Callable[[str], Dataset]] = {
   "imagenet2012": _tfds_loader("imagenet2012", test_split="validation", side=224),
   "records": records.load,
 }
+
+DATASET = Field(
+  "data.dataset",
+  "mnist5k",
+  one_of(DATASETS, sort=True),
+  "mnist5k (embedded), digits, TFDS mnist, fashion_mnist, cifar10, cifar100, imagenette, "
+  "imagenet2012; records: a folder of python -m easgd.data.convert in run.data_dir",
+  formerly=("dataset",),
+)
 
 
 # Every dataset's shape, so that a run can be planned before the data is at hand.

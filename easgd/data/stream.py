@@ -39,6 +39,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from easgd.data import batches
+from easgd.declare import Field, Shapes, number, one_of
 from easgd.errors import ConfigError
 from easgd.infra import sharding
 from easgd.rules import AXIS
@@ -47,7 +48,29 @@ DEVICE, STREAM, AUTO = "device", "stream", "auto"
 SOURCES = (DEVICE, STREAM, AUTO)
 # How the data reaches the workers, not which data: a run may change these on
 # resume (easgd.config.hyperparameters), since both sources give every worker the same batches.
-PLACEMENT_FIELDS = ("data.source", "data.device_budget")
+FIELDS = (
+  Field(
+    "data.source",
+    AUTO,
+    one_of(SOURCES, "easgd/data/stream.py"),
+    "device: placed on the devices once; stream: read on the host as each worker trains "
+    "(the same batches); auto: device if they fit in data.device_budget (docs/data.md)",
+    Shapes.NEVER,
+  ),
+  Field(
+    "data.device_budget",
+    2e9,
+    number(
+      0,
+      low_open=True,
+      words="must be a finite number of bytes > 0 (what a device may hold of training data)",
+    ),
+    "bytes of training data a device may hold, which decides data.source=auto; at least "
+    "one step's batches of a device (streamed, those of the steps queued ahead too)",
+    Shapes.NEVER,
+  ),
+)
+PLACEMENT_FIELDS = tuple(field.path for field in FIELDS)
 # Each worker's reader: grain threads, and batches read ahead of its step.
 READ_THREADS = 2
 READ_AHEAD = 4

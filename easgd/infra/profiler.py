@@ -25,6 +25,18 @@ import os
 import jax
 from absl import logging
 
+from easgd.declare import Field, Shapes, text
+
+PROFILE = Field(
+  "run.profile",
+  "",
+  text("must be '' (off) or 'START:STEPS'"),
+  "'START:STEPS': a jax.profiler trace of steps START+1 .. START+STEPS into WORKDIR/profile "
+  "(docs/running.md); '': off",
+  Shapes.NEVER,
+  formerly=("profile",),
+)
+
 
 def refusal(value, total_steps: int) -> str | None:
   """Why `value` is no window of a run of `total_steps` steps, and what is; None if it is one."""

@@ -16,8 +16,21 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from easgd.declare import Field, Shapes, integer
 from easgd.errors import ConfigError
 from easgd.rules import AXIS, TrainState
+
+# D: how many devices the run spreads its units over.
+DEVICES = Field(
+  "run.devices",
+  0,
+  integer(0, words="must be an integer >= 1, or 0 for the largest divisor that fits"),
+  "D: devices the workers (the pipeline: models) are spread over, dividing them; 0: the "
+  "largest divisor that is at most 8 and the devices there are; on a CPU train.py "
+  "creates D virtual devices (the pipeline reads it)",
+  Shapes.IF_READ,
+  formerly=("devices",),
+)
 
 # Fields of TrainState with a leading workers axis; the rest is replicated.
 _WORKER_FIELDS = ("workers", "worker_opt", "worker_steps")

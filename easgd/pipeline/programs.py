@@ -78,11 +78,16 @@ class PipelineState:
 # The values a model may set for itself (pipeline.per_model.*), and the
 # config field each one replaces for that model.
 PER_MODEL_SOURCE = {
-  "learning_rate": "optimizer.learning_rate",
-  "momentum": "optimizer.momentum",
-  "weight_decay": "optimizer.weight_decay",
-  "b1": "optimizer.b1",
-  "b2": "optimizer.b2",
+  **{
+    field.name: field.path
+    for field in (
+      optimizers.LEARNING_RATE,
+      optimizers.MOMENTUM,
+      optimizers.WEIGHT_DECAY,
+      optimizers.B1,
+      optimizers.B2,
+    )
+  },
   "seed": "seed",
 }
 PER_MODEL_FIELDS = tuple(PER_MODEL_SOURCE)

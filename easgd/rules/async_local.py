@@ -12,21 +12,49 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from easgd.declare import FLAG, Field, Shapes, integer, number
 from easgd.rules import exchange, model_state, optimizers
-from easgd.rules.base import BASE_READS, Momentum
+from easgd.rules.base import BASE_READS, COMM_PERIOD, Momentum
+from easgd.rules.outer import OUTER_LEARNING_RATE, OUTER_MOMENTUM
 from easgd.rules.parameter_server import ParameterServerRule, row, with_row
 from easgd.sim import clocks
 
-# The fields of async_local_sgd alone (outer.*), and their values that leave it out:
-# what a rule that does not read them needs.
-ASYNC_LOCAL_READS = (
+# The fields of async_local_sgd alone, each off at the value that leaves it out: what
+# an algorithm that does not read it needs.
+MOMENTUM_PERIOD = Field(
   "outer.momentum_period",
+  1,
+  integer(1),
+  "N: async_local_sgd's Delayed Nesterov moves the master's momentum every N pushes and "
+  "applies each push alone in between (1: Nesterov at every push)",
+  Shapes.IF_READ,
+  earlier=1,
+  setting="momentum_period",
+  exclusive="Delayed Nesterov master",
+)
+MOMENTUM_ACTIVATION = Field(
   "outer.momentum_activation",
+  0.0,
+  number(0, 1, high_open=False, words="must be in [0, 1/outer.momentum_period]"),
+  "c: the share of Delayed Nesterov's momentum applied at each push between its moves "
+  "(0: all of it when it moves)",
+  Shapes.IF_READ,
+  earlier=0.0,
+  setting="momentum_activation",
+  exclusive="Delayed Nesterov master",
+)
+DYNAMIC_LOCAL_STEPS = Field(
   "outer.dynamic_local_steps",
+  False,
+  FLAG,
+  "async_local_sgd's DyLU: each worker's local steps between pushes scaled by its speed, "
+  "floor(comm_period * its speed / the fastest's)",
+  Shapes.IF_READ,
+  earlier=False,
+  setting="dynamic_local_steps",
+  exclusive="dynamic local steps",
 )
-ASYNC_LOCAL_OFF = types.MappingProxyType(
-  {"momentum_period": 1, "momentum_activation": 0.0, "dynamic_local_steps": False}
-)
+ASYNC_LOCAL_FIELDS = (MOMENTUM_PERIOD, MOMENTUM_ACTIVATION, DYNAMIC_LOCAL_STEPS)
 
 
 class AsyncLocalSGD(ParameterServerRule):
@@ -56,16 +84,17 @@ class AsyncLocalSGD(ParameterServerRule):
   # worker, as one synchronous outer step does. At N = 1 the default config's
   # eta_o = 0.7 diverged (center accuracy 0.1 at step 100 of a run of 100); at
   # N = 8 it ended at 0.975 (python bench/rule_defaults.py; bench/README.md).
-  defaults = types.MappingProxyType({"outer.momentum_period": 8})
+  defaults = types.MappingProxyType({MOMENTUM_PERIOD.path: 8})
   # A joining worker's anchor would be the center, not zero: `serve_reset` cannot restart it.
   rejoins = False
+  declares = (OUTER_LEARNING_RATE, OUTER_MOMENTUM, *ASYNC_LOCAL_FIELDS)
   reads = (
     *BASE_READS,
-    "outer.comm_period",
-    "outer.learning_rate",
-    "outer.momentum",
-    *ASYNC_LOCAL_READS,
-    "outer.batch_stats",
+    COMM_PERIOD.path,
+    OUTER_LEARNING_RATE.path,
+    OUTER_MOMENTUM.path,
+    *(field.path for field in ASYNC_LOCAL_FIELDS),
+    model_state.BATCH_STATS.path,
   )
 
   @property

@@ -42,8 +42,8 @@ from typing import Any, ClassVar
 import jax
 from jax.sharding import PartitionSpec
 
-from easgd.rules import exchange, model_state, optimizers
-from easgd.rules.hyper import Hyper
+from easgd.declare import REQUIRED, Field, Shapes, integer, number, unique
+from easgd.rules import exchange, model_state, optimizers, spmd
 from easgd.rules.state import Batch, LossFn, Metrics, Params, TrainState
 from easgd.sim import clocks, ticks, timing
 
@@ -66,11 +66,43 @@ class Momentum(enum.StrEnum):
   REQUIRED = "required"  # in (0, 1)
 
 
+# beta = P*alpha of the elastic pull when outer.moving_rate is 0 (Zhang et al. 2015).
+DEFAULT_BETA = 0.9
+
+WORKERS = Field(
+  "workers",
+  8,
+  integer(1),
+  "P: an array axis sharded over the devices",
+  setting="num_workers",
+  off=REQUIRED,
+)
+COMM_PERIOD = Field(
+  "outer.comm_period",
+  4,
+  integer(1),
+  "tau: local steps between exchanges with the center (async_local_sgd's H)",
+  Shapes.IF_READ,
+  formerly=("comm_period",),
+  setting="comm_period",
+  off=1,
+)
+MOVING_RATE = Field(
+  "outer.moving_rate",
+  0.0,
+  number(0, 1, words="must be in (0, 1), or 0 for beta = workers*moving_rate = 0.9"),
+  "alpha of the elastic pull, beta = workers*alpha < 1; 0: beta = 0.9 (the EASGD "
+  "authors'); a reset pull has none: 0",
+  Shapes.IF_READ,
+  formerly=("moving_rate",),
+  setting="moving_rate",
+)
+
 # Config fields every rule reads: its inner optimizer and schedule (with the
 # schedule's horizon), and what its exchange messages are sent as.
-BASE_READS = ("optimizer", "outer.exchange_dtype")
+BASE_READS = ("optimizer", exchange.EXCHANGE_DTYPE.path)
 # And those of an elastic exchange.
-ELASTIC_READS = ("outer.comm_period", "outer.moving_rate", "outer.batch_stats")
+ELASTIC_READS = (COMM_PERIOD.path, MOVING_RATE.path, model_state.BATCH_STATS.path)
 
 
 # The checkpoint revision (easgd.infra.checkpoint.REVISION) from which the
@@ -83,7 +115,7 @@ LOOK_AHEAD_REVISION = 2
 # eta = 0.1 Async MEASGD's center swung between 0.23 and 0.96 accuracy from run
 # to run; python bench/rule_defaults.py gives every rule's figure).
 MOMENTUM_DEFAULTS = types.MappingProxyType(
-  {"optimizer.momentum": 0.9, "optimizer.learning_rate": 0.01}
+  {optimizers.MOMENTUM.path: 0.9, optimizers.LEARNING_RATE.path: 0.01}
 )
 
 
@@ -114,6 +146,9 @@ class Rule(abc.ABC):
                  the default config's would fail it: they apply where neither
                  the config file nor the command line changes the field
                  (easgd.config.hyperparameters.with_rule_defaults).
+    declares:    the config fields this class introduces (easgd.declare.Field),
+                 each with the `Hyper` attribute it is read into; a rule has
+                 those of its class and of every class above it (`declared`).
   """
 
   name: ClassVar[str]
@@ -129,13 +164,30 @@ class Rule(abc.ABC):
   inner_reason: ClassVar[str] = ""  # why, when it is not every one
   exchange_dtypes: ClassVar[tuple[str, ...]] = exchange.COMMON_DTYPES
   defaults: ClassVar[Mapping[str, Any]] = types.MappingProxyType({})
+  declares: ClassVar[tuple[Field, ...]] = (
+    WORKERS,
+    *optimizers.FIELDS,
+    optimizers.TOTAL_STEPS,
+    COMM_PERIOD,
+    MOVING_RATE,
+    exchange.EXCHANGE_DTYPE,
+    model_state.BATCH_STATS,
+    spmd.DETERMINISTIC_SUMS,
+  )
+
+  @classmethod
+  def declared(cls) -> tuple[Field, ...]:
+    """The config fields this rule's classes declare, the most general first."""
+    return unique(
+      field for klass in reversed(cls.__mro__) for field in vars(klass).get("declares", ())
+    )
 
   @classmethod
   def parameter_server(cls) -> bool:
     """Whether a master serves the workers' requests (asynchronous rules)."""
     return cls.policy is not None
 
-  def __init__(self, hyper: Hyper):
+  def __init__(self, hyper):
     self.hyper = hyper
     # The workers' local optimizer (for sync_sgd, the shared model's).
     if self.takes_look_ahead(hyper.optimizer, hyper.nesterov):
@@ -144,7 +196,7 @@ class Rule(abc.ABC):
       self.inner = optimizers.inner(hyper)
 
   @classmethod
-  def check_model(cls, hyper: Hyper, shapes: Callable[[], Params]) -> None:
+  def check_model(cls, hyper, shapes: Callable[[], Params]) -> None:
     """Checks what it needs of the model; `shapes()` traces its tree's shapes, for a
     rule that asks. Raises ConfigError."""
     del hyper, shapes

@@ -13,12 +13,13 @@ import ml_collections
 
 from easgd.errors import require
 from easgd.models import BATCH_NORM_MODELS
-from easgd.rules import optimizer_checks
-from easgd.rules.async_local import ASYNC_LOCAL_OFF
-from easgd.rules.base import Momentum, Pull, Rule
-from easgd.rules.hyper import DEFAULT_BETA
+from easgd.rules import model_state, optimizer_checks, optimizers
+from easgd.rules.async_local import MOMENTUM_ACTIVATION, MOMENTUM_PERIOD
+from easgd.rules.base import DEFAULT_BETA, MOVING_RATE, Momentum, Pull, Rule
+from easgd.rules.exchange import EXCHANGE_DTYPE
+from easgd.rules.outer import OUTER_NESTEROV, OUTER_OPTIMIZER, PULL
 from easgd.rules.registry import RULES
-from easgd.rules.streaming import STREAMING_OFF
+from easgd.rules.streaming import FRAGMENTS, SYNC_DELAY
 from easgd.sim import timing
 
 
@@ -46,7 +47,7 @@ def _pull_in_force(rule: type[Rule], outer: ml_collections.ConfigDict) -> str | 
 
 def _check_outer_optimizer(rule: type[Rule], outer: ml_collections.ConfigDict) -> None:
   """The center family's outer optimizer across its fields, where the rule reads it."""
-  if "outer.optimizer" not in rule.reads:
+  if OUTER_OPTIMIZER.path not in rule.reads:
     return
   if outer.optimizer == "sgd":
     optimizer_checks.require_momentum_for_nesterov(outer.nesterov, (outer.momentum,), "outer")
@@ -63,7 +64,7 @@ def _check_inner_optimizer(rule: type[Rule], optimizer: ml_collections.ConfigDic
   takes = ", ".join(n for n, r in RULES.items() if optimizer.name in r.inner_optimizers)
   require(
     optimizer.name in rule.inner_optimizers,
-    "optimizer.name",
+    optimizers.NAME,
     optimizer.name,
     f"{rule.name} takes {', '.join(rule.inner_optimizers)} ({rule.inner_reason}); "
     f"rules that take {optimizer.name}: {takes}",
@@ -72,25 +73,25 @@ def _check_inner_optimizer(rule: type[Rule], optimizer: ml_collections.ConfigDic
   if rule.momentum == Momentum.REQUIRED:
     require(
       optimizer.name == "sgd",
-      "optimizer.name",
+      optimizers.NAME,
       optimizer.name,
       f"{rule.name} is defined by its momentum SGD: use sgd with optimizer.momentum in (0, 1)",
     )
     require(
-      0 < momentum < 1, "optimizer.momentum", momentum, f"{rule.name} needs a momentum in (0, 1)"
+      0 < momentum < 1, optimizers.MOMENTUM, momentum, f"{rule.name} needs a momentum in (0, 1)"
     )
   elif rule.momentum == Momentum.NONE:
     with_momentum = ", ".join(n for n, r in RULES.items() if r.momentum != Momentum.NONE)
     require(
       momentum == 0,
-      "optimizer.momentum",
+      optimizers.MOMENTUM,
       momentum,
       f"{rule.name} takes no momentum (momentum 0); rules with momentum: {with_momentum}",
     )
   with_nesterov = ", ".join(n for n, r in RULES.items() if r.nesterov)
   require(
     not optimizer.nesterov or rule.nesterov,
-    "optimizer.nesterov",
+    optimizers.NESTEROV,
     optimizer.nesterov,
     f"{rule.name} has no Nesterov form; rules with one: {with_nesterov}",
   )
@@ -99,11 +100,11 @@ def _check_inner_optimizer(rule: type[Rule], optimizer: ml_collections.ConfigDic
 def _check_outer(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
   """Its outer optimizer, its pull, and the elastic pull's moving rate."""
   outer, workers = config.outer, config.workers
-  if "outer.optimizer" not in rule.reads:
-    takes = ", ".join(n for n, r in RULES.items() if "outer.optimizer" in r.reads)
+  if OUTER_OPTIMIZER.path not in rule.reads:
+    takes = ", ".join(n for n, r in RULES.items() if OUTER_OPTIMIZER.path in r.reads)
     require(
       outer.optimizer == "sgd",
-      "outer.optimizer",
+      OUTER_OPTIMIZER.path,
       outer.optimizer,
       f"{rule.name} has no choice of outer optimizer (only sgd); rules with one: {takes}",
     )
@@ -114,7 +115,7 @@ def _check_outer(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
     )
     require(
       outer.pull in rule.pulls,
-      "outer.pull",
+      PULL,
       outer.pull,
       f"{own}; rules that take {outer.pull}: {', '.join(takes)}",
     )
@@ -122,7 +123,7 @@ def _check_outer(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
   if pull == Pull.RESET:
     require(
       outer.moving_rate == 0,
-      "outer.moving_rate",
+      MOVING_RATE,
       outer.moving_rate,
       f"{config.algorithm}'s reset pull has no alpha (leave it 0); "
       "outer.pull=elastic pulls with it (diloco)",
@@ -131,7 +132,7 @@ def _check_outer(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
     alpha = outer.moving_rate or DEFAULT_BETA / workers
     require(
       workers * alpha < 1,
-      "outer.moving_rate",
+      MOVING_RATE,
       alpha,
       f"beta = workers*moving_rate = {workers * alpha:g} must be < 1, "
       f"i.e. moving_rate < {1 / workers:g}",
@@ -142,7 +143,7 @@ def _check_exchange_dtype(rule: type[Rule], outer: ml_collections.ConfigDict) ->
   takes = ", ".join(n for n, r in RULES.items() if outer.exchange_dtype in r.exchange_dtypes)
   require(
     outer.exchange_dtype in rule.exchange_dtypes,
-    "outer.exchange_dtype",
+    EXCHANGE_DTYPE,
     outer.exchange_dtype,
     f"{rule.name} sends {', '.join(rule.exchange_dtypes)}; rules that send "
     f"{outer.exchange_dtype}: {takes}",
@@ -150,83 +151,52 @@ def _check_exchange_dtype(rule: type[Rule], outer: ml_collections.ConfigDict) ->
 
 
 def _check_streaming(rule: type[Rule], outer: ml_collections.ConfigDict) -> None:
-  """The fragments, delay and merge of the streaming rules, and no other's."""
-  streams = "outer.fragments" in rule.reads
-  for name, off in STREAMING_OFF.items():
-    if f"outer.{name}" in rule.reads:
-      continue
-    takes = ", ".join(n for n, r in RULES.items() if f"outer.{name}" in r.reads)
-    why = f"{rule.name} has no {name}" if streams else f"{rule.name} does not stream its exchanges"
-    require(
-      outer[name] == off,
-      f"outer.{name}",
-      outer[name],
-      f"{why} (leave it {off!r}); rules that read it: {takes}",
-    )
-  if not streams:
+  """The fragments and delay of a streaming rule against its period (another rule
+  leaves them off: easgd.config.validation)."""
+  if FRAGMENTS.path not in rule.reads:
     return
   period = outer.comm_period
   require(
     period % outer.fragments == 0,
-    "outer.fragments",
+    FRAGMENTS,
     outer.fragments,
     f"must divide outer.comm_period = {period}: one fragment is sent every comm_period/"
     "fragments steps",
   )
   require(
     outer.sync_delay < period,
-    "outer.sync_delay",
+    SYNC_DELAY,
     outer.sync_delay,
     f"must be below outer.comm_period = {period}: a fragment's result is applied before "
     "it is sent again",
   )
 
 
-# What each of async_local_sgd's own fields is, for a rule that has none.
-_ASYNC_LOCAL_WHAT = {
-  "momentum_period": "Delayed Nesterov master",
-  "momentum_activation": "Delayed Nesterov master",
-  "dynamic_local_steps": "dynamic local steps",
-}
-
-
 def _check_async_local(rule: type[Rule], outer: ml_collections.ConfigDict) -> None:
-  """Delayed Nesterov's N and c, and the dynamic local steps: async_local_sgd's alone."""
-  for name, off in ASYNC_LOCAL_OFF.items():
-    if f"outer.{name}" in rule.reads:
-      continue
-    takes = ", ".join(n for n, r in RULES.items() if f"outer.{name}" in r.reads)
-    lockstep = ""
-    if name == "dynamic_local_steps" and not rule.parameter_server():
-      lockstep = ": its workers step in lockstep"
-    require(
-      outer[name] == off,
-      f"outer.{name}",
-      outer[name],
-      f"{rule.name} has no {_ASYNC_LOCAL_WHAT[name]}{lockstep} (leave it {off!r}); "
-      f"rules that read it: {takes}",
-    )
-  if "outer.momentum_period" in rule.reads:
-    require(
-      outer.nesterov,
-      "outer.nesterov",
-      outer.nesterov,
-      f"{rule.name}'s master is Delayed Nesterov, in Nesterov's form (leave it True)",
-    )
-    period = outer.momentum_period
-    require(
-      outer.momentum_activation <= 1 / period,
-      "outer.momentum_activation",
-      outer.momentum_activation,
-      f"must be in [0, 1/outer.momentum_period] = [0, {1 / period:g}]: the momentum's "
-      "shares over N pushes add up to one",
-    )
+  """Delayed Nesterov's form and its N and c together, where the rule has that master
+  (another rule leaves them off: easgd.config.validation)."""
+  if MOMENTUM_PERIOD.path not in rule.reads:
+    return
+  require(
+    outer.nesterov,
+    OUTER_NESTEROV,
+    outer.nesterov,
+    f"{rule.name}'s master is Delayed Nesterov, in Nesterov's form (leave it True)",
+  )
+  period = outer.momentum_period
+  require(
+    outer.momentum_activation <= 1 / period,
+    MOMENTUM_ACTIVATION,
+    outer.momentum_activation,
+    f"must be in [0, 1/outer.momentum_period] = [0, {1 / period:g}]: the momentum's "
+    "shares over N pushes add up to one",
+  )
 
 
 def _check_batch_stats(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
   require(
     config.model not in BATCH_NORM_MODELS or config.outer.batch_stats in rule.batch_stats,
-    "outer.batch_stats",
+    model_state.BATCH_STATS,
     config.outer.batch_stats,
     f"{rule.name} supports {', '.join(rule.batch_stats)} for {config.model}'s BatchNorm "
     "statistics (sync_sgd's workers share one model, so its statistics are averaged; "

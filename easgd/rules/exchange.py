@@ -23,11 +23,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from easgd.declare import Field, Shapes, one_of
 from easgd.rules import model_state
 
 DTYPES = ("float32", "bfloat16", "int8", "int4")
 # What every rule can send; int4 only the rules that declare it.
 COMMON_DTYPES = DTYPES[:3]
+
+EXCHANGE_DTYPE = Field(
+  "outer.exchange_dtype",
+  "float32",
+  one_of(DTYPES),
+  "what a worker's exchange message is sent as: float32, bfloat16, int8 or int4 (per-"
+  "tensor scale, stochastic rounding; easgd/rules/exchange.py; int4: the streaming rules)",
+  Shapes.IF_READ,
+  formerly=("exchange_dtype",),
+  setting="exchange_dtype",
+)
 ENTRY_BITS = {"float32": 32, "bfloat16": 16, "int8": 8, "int4": 4}
 SCALE_BYTES = {"float32": 0, "bfloat16": 0, "int8": 4, "int4": 4}
 # The largest integer a stochastically rounded entry takes: q in [-LEVELS, LEVELS].

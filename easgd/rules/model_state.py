@@ -25,9 +25,28 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from easgd.declare import Field, Shapes, one_of
+
 STATS = "batch_stats"
 AVERAGED, LOCAL = "averaged", "local"
 BATCH_STATS_CHOICES = (AVERAGED, LOCAL)
+
+# Read as a flag: whether the exchanges move the statistics with the parameters.
+BATCH_STATS = Field(
+  "outer.batch_stats",
+  AVERAGED,
+  one_of(
+    BATCH_STATS_CHOICES,
+    "BatchNorm statistics: averaged into the center like parameters, or kept by each worker",
+  ),
+  "BatchNorm statistics averaged into the center like the parameters, or local to each "
+  "worker (docs/cifar.md)",
+  Shapes.IF_READ,
+  formerly=("batch_stats",),
+  setting="average_stats",
+  convert=lambda mode: mode == AVERAGED,
+  off=True,
+)
 
 Tree = Any
 

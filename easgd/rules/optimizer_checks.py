@@ -1,7 +1,7 @@
 """Checks across the fields of the inner optimizer group, whatever the algorithm: its
 momentum and Nesterov flag, and its schedule against the run's length.
 
-Each field's own range is declared with it (easgd.config.fields); what a rule
+Each field's own range is declared with it (easgd.rules.optimizers); what a rule
 asks of them is the rule's (easgd.rules.checks). Each failure is one
 ConfigError line naming the field and what is allowed (easgd.config.validation
 runs these with the other checks).
@@ -12,6 +12,7 @@ import math
 import ml_collections
 
 from easgd.errors import require
+from easgd.rules import optimizers
 
 
 def require_momentum_for_nesterov(nesterov: bool, momenta, prefix: str) -> None:
@@ -50,14 +51,14 @@ def _validate_schedule(optimizer: ml_collections.ConfigDict, total: int) -> None
   if schedule == "constant":
     require(
       warmup == 0,
-      "optimizer.warmup_steps",
+      optimizers.WARMUP_STEPS,
       warmup,
       "the constant schedule has no warm-up (0); use warmup_cosine or warmup_step",
     )
   else:
     require(
       warmup < total,
-      "optimizer.warmup_steps",
+      optimizers.WARMUP_STEPS,
       warmup,
       f"the warm-up must end before the run does: < run.total_steps={total}",
     )
@@ -65,7 +66,7 @@ def _validate_schedule(optimizer: ml_collections.ConfigDict, total: int) -> None
     first = math.floor(boundaries[0] * total)
     require(
       first > warmup,
-      "optimizer.boundaries",
+      optimizers.BOUNDARIES,
       boundaries,
       f"the first decay (step {first} of run.total_steps={total}) must come after the "
       f"warm-up's {warmup} steps",

@@ -41,14 +41,168 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from easgd.declare import FLAG, REQUIRED, Allowed, Field, Shapes, integer, number, one_of
+from easgd.errors import is_number
 from easgd.rules import model_state
-from easgd.rules.hyper import Hyper
 from easgd.rules.spmd import map_workers, sum_over_workers
 from easgd.rules.state import Batch, LossFn, Metrics, Params
 
 INNER = ("sgd", "adamw")
 OUTER = ("sgd", "adam")
 SCHEDULES = ("constant", "warmup_cosine", "warmup_step")
+
+
+def _increasing_fractions(value) -> bool:
+  return (
+    isinstance(value, (tuple, list))
+    and len(value) >= 1
+    and all(is_number(b) and 0 < b < 1 for b in value)
+    and all(a < b for a, b in zip(value, value[1:], strict=False))
+  )
+
+
+# The inner optimizer and its schedule: config.optimizer.*.
+NAME = Field(
+  "optimizer.name",
+  "sgd",
+  one_of(INNER),
+  "the workers' inner optimizer (optax): sgd or adamw",
+  Shapes.IF_READ,
+  setting="optimizer",
+)
+LEARNING_RATE = Field(
+  "optimizer.learning_rate",
+  0.1,
+  number(0, low_open=True),
+  "eta; the peak under a schedule",
+  Shapes.IF_READ,
+  formerly=("learning_rate",),
+  setting="learning_rate",
+  off=REQUIRED,
+)
+MOMENTUM = Field(
+  "optimizer.momentum",
+  0.0,
+  number(0, 1),
+  "sgd's mu: 0 for adamw; required (in (0, 1)) by the rules defined by their momentum "
+  "(docs/algorithms.md; async_msgd's is its master's)",
+  Shapes.IF_READ,
+  formerly=("momentum",),
+  setting="momentum",
+)
+NESTEROV = Field(
+  "optimizer.nesterov",
+  False,
+  FLAG,
+  "sgd's momentum in Nesterov's form (docs/algorithms.md says whose)",
+  Shapes.IF_READ,
+  formerly=("nesterov",),
+  setting="nesterov",
+)
+WEIGHT_DECAY = Field(
+  "optimizer.weight_decay",
+  0.0,
+  number(0),
+  "lambda: sgd adds lambda*x to every gradient (L2); adamw decays decoupled",
+  Shapes.IF_READ,
+  formerly=("weight_decay",),
+  setting="weight_decay",
+)
+B1 = Field(
+  "optimizer.b1",
+  0.9,
+  number(0, 1),
+  "adamw's first moment's decay",
+  Shapes.IF_READ,
+  setting="b1",
+)
+B2 = Field(
+  "optimizer.b2",
+  0.999,
+  number(0, 1),
+  "adamw's second moment's decay",
+  Shapes.IF_READ,
+  setting="b2",
+)
+EPS = Field(
+  "optimizer.eps",
+  1e-8,
+  number(0, low_open=True),
+  "adamw's epsilon",
+  Shapes.IF_READ,
+  setting="eps",
+)
+SCHEDULE = Field(
+  "optimizer.schedule",
+  "constant",
+  one_of(SCHEDULES),
+  "constant; warmup_cosine (linear warm-up from 0, then a cosine to 0 at run.total_steps); "
+  "warmup_step (warm-up, then x decay_factor at each boundary); over each worker's own "
+  "local steps",
+  Shapes.IF_READ,
+  formerly=("schedule",),
+  setting="schedule",
+)
+WARMUP_STEPS = Field(
+  "optimizer.warmup_steps",
+  0,
+  integer(0),
+  "the schedule's linear warm-up, in local steps",
+  Shapes.IF_READ,
+  formerly=("warmup_steps",),
+  setting="warmup_steps",
+)
+BOUNDARIES = Field(
+  "optimizer.boundaries",
+  (0.5, 0.75),
+  Allowed(
+    _increasing_fractions,
+    "must be increasing fractions of run.total_steps in (0, 1), e.g. (0.5, 0.75)",
+  ),
+  "warmup_step's decay points, fractions of run.total_steps",
+  Shapes.IF_READ,
+  setting="boundaries",
+  convert=tuple,
+)
+DECAY_FACTOR = Field(
+  "optimizer.decay_factor",
+  0.1,
+  number(
+    0,
+    1,
+    low_open=True,
+    high_open=False,
+    note="the learning rate is multiplied by it at each boundary",
+  ),
+  "warmup_step's factor at each boundary",
+  Shapes.IF_READ,
+  setting="decay_factor",
+)
+FIELDS = (
+  NAME,
+  LEARNING_RATE,
+  MOMENTUM,
+  NESTEROV,
+  WEIGHT_DECAY,
+  B1,
+  B2,
+  EPS,
+  SCHEDULE,
+  WARMUP_STEPS,
+  BOUNDARIES,
+  DECAY_FACTOR,
+)
+# The schedule's horizon T: the run's length, in local steps.
+TOTAL_STEPS = Field(
+  "run.total_steps",
+  600,
+  integer(1),
+  "steps (ticks) of the run; a schedule other than constant spans them",
+  Shapes.IF_READ,
+  formerly=("total_steps",),
+  setting="total_steps",
+  off=0,
+)
 
 
 # The optimizer group's fields that an optimizer or a schedule does not read.
@@ -233,7 +387,7 @@ def delayed_nesterov(
 def step_metrics(
   loss: jax.Array,
   aux: dict[str, jax.Array],
-  hyper: Hyper,
+  hyper,
   learning_rate: jax.Array,
 ) -> Metrics:
   """Mean over all workers of each worker's loss, accuracy and learning rate in force."""
@@ -242,7 +396,7 @@ def step_metrics(
   return {tag: total / hyper.num_workers for tag, total in totals.items()}
 
 
-def decayed(hyper: Hyper, grads: Params, at: Params) -> Params:
+def decayed(hyper, grads: Params, at: Params) -> Params:
   """g + lambda*x on the parameters (L2 weight decay); BatchNorm statistics untouched."""
   if not hyper.weight_decay:
     return grads

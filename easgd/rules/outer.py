@@ -44,13 +44,67 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from easgd.declare import FLAG, Allowed, Field, Shapes, number, one_of
 from easgd.rules import exchange, model_state, optimizers
-from easgd.rules.base import BASE_READS, ELASTIC_READS, MOMENTUM_DEFAULTS, Momentum, Pull, Rule
+from easgd.rules.base import (
+  BASE_READS,
+  COMM_PERIOD,
+  ELASTIC_READS,
+  MOMENTUM_DEFAULTS,
+  Momentum,
+  Pull,
+  Rule,
+)
 from easgd.rules.optimizers import local_update, shifted, step_metrics
 from easgd.rules.spmd import AXIS, exchange_key, local_workers, sum_over_workers
 from easgd.rules.state import initial_state, stack_workers
 
-OUTER_READS = ("outer.optimizer", "outer.learning_rate", "outer.momentum", "outer.nesterov")
+# The center's outer optimizer and the choice of pull.
+PULL = Field(
+  "outer.pull",
+  "",
+  Allowed(lambda v: v in ("", *Pull), "valid: '' (the rule's own), elastic, reset"),
+  "'' (the rule's own), elastic or reset: only diloco takes either",
+  Shapes.IF_READ,
+  setting="pull",
+)
+OUTER_OPTIMIZER = Field(
+  "outer.optimizer",
+  "sgd",
+  one_of(optimizers.OUTER),
+  "the center's optimizer on the pseudo-gradient (diloco's; the defaults are DiLoCo's)",
+  Shapes.IF_READ,
+  setting="outer_optimizer",
+)
+OUTER_LEARNING_RATE = Field(
+  "outer.learning_rate",
+  0.7,
+  number(0, low_open=True),
+  "eta_o; lookahead's slow-weight rate alpha",
+  Shapes.IF_READ,
+  setting="outer_learning_rate",
+  off=1.0,
+)
+OUTER_MOMENTUM = Field(
+  "outer.momentum",
+  0.9,
+  number(0, 1),
+  "mu_o, the outer sgd's momentum (async_local_sgd's: Delayed Nesterov's)",
+  Shapes.IF_READ,
+  setting="outer_momentum",
+  off=0.0,
+)
+OUTER_NESTEROV = Field(
+  "outer.nesterov",
+  True,
+  FLAG,
+  "the outer sgd's momentum in Nesterov's form",
+  Shapes.IF_READ,
+  setting="outer_nesterov",
+  off=False,
+)
+OUTER_FIELDS = (OUTER_OPTIMIZER, OUTER_LEARNING_RATE, OUTER_MOMENTUM, OUTER_NESTEROV)
+OUTER_READS = tuple(field.path for field in OUTER_FIELDS)
 
 
 class CenterRule(Rule):
@@ -58,6 +112,7 @@ class CenterRule(Rule):
 
   momentum = Momentum.OPTIONAL
   nesterov = True
+  declares = (PULL, *OUTER_FIELDS)
 
   @property
   def pull(self) -> Pull:
@@ -228,7 +283,7 @@ class DiLoCo(CenterRule):
 
   name = "diloco"
   pulls = (Pull.RESET, Pull.ELASTIC)
-  reads = (*BASE_READS, *ELASTIC_READS, *OUTER_READS, "outer.pull")
+  reads = (*BASE_READS, *ELASTIC_READS, *OUTER_READS, PULL.path)
 
 
 class LocalSGD(CenterRule):
@@ -237,7 +292,7 @@ class LocalSGD(CenterRule):
 
   name = "local_sgd"
   pulls = (Pull.RESET,)
-  reads = (*BASE_READS, "outer.comm_period", "outer.batch_stats")
+  reads = (*BASE_READS, COMM_PERIOD.path, model_state.BATCH_STATS.path)
 
   def outer_settings(self):
     return "sgd", 1.0, 0.0, False
@@ -252,7 +307,12 @@ class Lookahead(CenterRule):
 
   name = "lookahead"
   pulls = (Pull.RESET,)
-  reads = (*BASE_READS, "outer.comm_period", "outer.batch_stats", "outer.learning_rate")
+  reads = (
+    *BASE_READS,
+    COMM_PERIOD.path,
+    model_state.BATCH_STATS.path,
+    OUTER_LEARNING_RATE.path,
+  )
 
   def outer_settings(self):
     return "sgd", self.hyper.outer_learning_rate, 0.0, False

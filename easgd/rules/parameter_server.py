@@ -48,6 +48,7 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec
 
+from easgd.declare import Field, Shapes, integer, one_of
 from easgd.rules import exchange, model_state, optimizers
 from easgd.rules.base import BASE_READS, ELASTIC_READS, MOMENTUM_DEFAULTS, Momentum, Pull, Rule
 from easgd.rules.optimizers import decayed, local_update, shifted
@@ -419,13 +420,13 @@ class AsyncSGD(ParameterServerRule):
   # of eta in the time one worker takes one, each from a stale gradient: on the
   # default config eta = 0.1 ended at 0.941 and 0.2 diverged; 0.03 trains
   # (python bench/rule_defaults.py). Hogwild SGD inherits it.
-  defaults = types.MappingProxyType({"optimizer.learning_rate": 0.03})
+  defaults = types.MappingProxyType({optimizers.LEARNING_RATE.path: 0.03})
   # The workers push gradients that the master's own optimizer applies: an
   # adaptive inner optimizer would shape only the local steps the fetch overwrites.
   inner_optimizers = ("sgd",)
   inner_reason = "its workers push gradients that the master's optimizer applies"
   # The batch statistics' local changes ride with the pushed gradients.
-  reads = (*BASE_READS, "outer.batch_stats")
+  reads = (*BASE_READS, model_state.BATCH_STATS.path)
 
 
 class AsyncMSGD(AsyncSGD):
@@ -436,7 +437,9 @@ class AsyncMSGD(AsyncSGD):
   # The master applies each worker's stale gradient, and staleness already acts
   # as momentum (Mitliagkas et al. 2016): with 8 workers mu = 0.9 diverged at
   # eta = 0.01 and trained at eta = 0.002 (python bench/rule_defaults.py).
-  defaults = types.MappingProxyType({"optimizer.momentum": 0.9, "optimizer.learning_rate": 0.002})
+  defaults = types.MappingProxyType(
+    {optimizers.MOMENTUM.path: 0.9, optimizers.LEARNING_RATE.path: 0.002}
+  )
 
   def __init__(self, hyper):
     super().__init__(hyper)
@@ -463,9 +466,29 @@ class Downpour(AsyncSGD):
   # Each push is n_sync local steps' accumulated gradient: with the master's
   # sgd, eta = 0.1 diverged and 0.02 ended at 0.94 on the default config; 0.01
   # trains (python bench/rule_defaults.py).
-  defaults = types.MappingProxyType({"optimizer.learning_rate": 0.01})
-  server_optimizers: ClassVar[tuple[str, ...]] = ("sgd", "adagrad")  # the master's
-  reads = (*AsyncSGD.reads, "downpour.n_sync", "downpour.server_optimizer")
+  defaults = types.MappingProxyType({optimizers.LEARNING_RATE.path: 0.01})
+  declares = (
+    Field(
+      "downpour.n_sync",
+      4,
+      integer(1, note="downpour's local steps between push and fetch"),
+      "local steps between push and fetch",
+      Shapes.IF_READ,
+      formerly=("n_sync",),
+      setting="n_sync",
+      off=1,
+    ),
+    Field(
+      "downpour.server_optimizer",
+      "sgd",
+      one_of(("sgd", "adagrad")),
+      "the master's optimizer: sgd or adagrad",
+      Shapes.IF_READ,
+      formerly=("server_optimizer",),
+      setting="server_optimizer",
+    ),
+  )
+  reads = (*AsyncSGD.reads, *(field.path for field in declares))
 
   @property
   def period(self):

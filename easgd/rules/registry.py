@@ -4,9 +4,9 @@ A new rule is one class (declaring what it accepts, see `easgd.rules.base.Rule`)
 and one line here.
 """
 
+from easgd.declare import Field, unique
 from easgd.rules import async_local, outer, parameter_server, streaming, sync
 from easgd.rules.base import Momentum, Rule
-from easgd.rules.hyper import Hyper
 from easgd.sim.clocks import Policy
 
 RULES: dict[str, type[Rule]] = {
@@ -33,8 +33,13 @@ RULES: dict[str, type[Rule]] = {
 }
 
 
-def make_rule(name: str, hyper: Hyper) -> Rule:
-  """Returns the rule registered under `name`."""
+def declared() -> tuple[Field, ...]:
+  """Every config field the rules declare (`Rule.declared`), in registry order."""
+  return unique(field for rule in RULES.values() for field in rule.declared())
+
+
+def make_rule(name: str, hyper) -> Rule:
+  """Returns the rule registered under `name`, with its `Hyper`."""
   if name not in RULES:
     raise KeyError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(RULES))}")
   return RULES[name](hyper)

@@ -9,9 +9,20 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from easgd.declare import FLAG, Field
 from easgd.rules.state import Params, TrainState
 
 AXIS = "workers"
+
+DETERMINISTIC_SUMS = Field(
+  "deterministic_sums",
+  False,
+  FLAG,
+  "sums over workers added in worker order after an all-gather: the same bits on every "
+  "process layout with the same workers a device (docs/distributed.md)",
+  earlier=False,
+  setting="deterministic_sums",
+)
 
 
 def sum_over_workers(tree: Params, in_worker_order: bool = False) -> Params:

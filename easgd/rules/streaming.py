@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from easgd.declare import Field, Shapes, integer, number
 from easgd.errors import ConfigError
 from easgd.rules import exchange, fragments, model_state, optimizers
 from easgd.rules.base import BASE_READS, ELASTIC_READS, Pull
@@ -41,16 +42,47 @@ from easgd.rules.spmd import exchange_key, local_workers, sum_over_workers
 from easgd.rules.state import initial_state, stack_workers
 from easgd.sim import clocks
 
-STREAMING_READS = ("outer.fragments", "outer.sync_delay")
-# The streaming fields (outer.*) at the values that leave streaming out: one
-# fragment, no delay, the reset itself; what a rule that does not read them needs.
-STREAMING_OFF = types.MappingProxyType({"fragments": 1, "sync_delay": 0, "merge": 1.0})
+# The streaming fields, each off at the value that leaves streaming out (one fragment,
+# no delay, the reset itself): what an algorithm that does not read it needs.
+FRAGMENTS = Field(
+  "outer.fragments",
+  1,
+  integer(1, note="at most the model's layers (parameter blocks)"),
+  "F: the streaming rules' fragments of whole layers, one synced every comm_period/F "
+  "steps (easgd/rules/streaming.py)",
+  Shapes.IF_READ,
+  earlier=1,
+  setting="fragments",
+  exclusive="fragments: it does not stream its exchanges",
+)
+SYNC_DELAY = Field(
+  "outer.sync_delay",
+  0,
+  integer(0, note="below outer.comm_period"),
+  "d: the streaming rules' inner steps between sending a fragment and applying its result",
+  Shapes.IF_READ,
+  earlier=0,
+  setting="sync_delay",
+  exclusive="sync delay: it does not stream its exchanges",
+)
+MERGE = Field(
+  "outer.merge",
+  1.0,
+  number(0, 1, low_open=True, high_open=False),
+  "streaming_diloco's merge on arrival: x_i <- merge*x~ + (1 - merge)*x_i (1: the reset)",
+  Shapes.IF_READ,
+  earlier=1.0,
+  setting="merge",
+  exclusive="merge",
+)
+STREAMING_READS = (FRAGMENTS.path, SYNC_DELAY.path)
 
 
 class StreamingRule(CenterRule):
   """The streaming family: see the module docstring. Subclasses set the pull."""
 
   exchange_dtypes = exchange.DTYPES  # int4 too: the low-bit outer exchanges
+  declares = (FRAGMENTS, SYNC_DELAY, MERGE)
 
   @classmethod
   def check_model(cls, hyper, shapes):
@@ -240,7 +272,7 @@ class StreamingRule(CenterRule):
 
 # The streaming rules' own defaults: without them a rule would be its family's
 # member (F = 1, d = 0); two fragments, each overlapped with one inner step.
-STREAMING_DEFAULTS = types.MappingProxyType({"outer.fragments": 2, "outer.sync_delay": 1})
+STREAMING_DEFAULTS = types.MappingProxyType({FRAGMENTS.path: 2, SYNC_DELAY.path: 1})
 
 
 class StreamingDiLoCo(StreamingRule):
@@ -250,7 +282,7 @@ class StreamingDiLoCo(StreamingRule):
   name = "streaming_diloco"
   defaults = STREAMING_DEFAULTS
   pulls = (Pull.RESET,)
-  reads = (*BASE_READS, *ELASTIC_READS, *OUTER_READS, *STREAMING_READS, "outer.merge")
+  reads = (*BASE_READS, *ELASTIC_READS, *OUTER_READS, *STREAMING_READS, MERGE.path)
 
 
 class StreamingEASGD(StreamingRule):

@@ -20,14 +20,14 @@ The clocks (easgd.sim.clocks) turn it into a schedule; easgd.sim.sizing
 solves its steady state in closed form.
 """
 
-import dataclasses
 import enum
 import math
 
 import ml_collections
 import numpy as np
 
-from easgd.errors import require
+from easgd.declare import Allowed, Field, integer, number, read, settings
+from easgd.errors import is_int, require
 
 
 class Allreduce(enum.StrEnum):
@@ -37,31 +37,127 @@ class Allreduce(enum.StrEnum):
   TREE = "tree"  # latency-optimal
 
 
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-  """The timing model; seconds, bytes and bytes/second."""
+def _distinct_indices(value) -> bool:
+  return (
+    isinstance(value, (tuple, list))
+    and all(is_int(i) and i >= 0 for i in value)
+    and len(set(value)) == len(value)
+  )
 
-  compute_time: float = 0.01
-  speed_spread: float = 0.0
-  jitter: float = 0.0
-  stragglers: tuple[int, ...] = ()
-  straggler_slowdown: float = 1.0
-  straggler_slowdowns: tuple[float, ...] = ()
-  latency: float = 0.0
-  bandwidth: float = math.inf
-  master_time: float = 0.0
-  servers: int = 1
-  server_bandwidth: float = math.inf
-  allreduce: str = Allreduce.RING
+
+# config.cluster's timing fields, each read into the `Cluster` attribute of its name;
+# off (a Cluster given only what differs): no spread, jitter, stragglers, latency,
+# master time or link limits.
+FIELDS = (
+  Field(
+    "cluster.compute_time",
+    0.01,
+    number(0, low_open=True),
+    "seconds: the mean local step of the fastest worker",
+    setting="compute_time",
+  ),
+  Field(
+    "cluster.speed_spread",
+    0.5,
+    number(0),
+    "worker i is (1 + speed_spread * i / (P - 1)) times slower than worker 0",
+    setting="speed_spread",
+    off=0.0,
+  ),
+  Field(
+    "cluster.jitter",
+    0.1,
+    number(0),
+    "the lognormal sigma of each step's time",
+    setting="jitter",
+    off=0.0,
+  ),
+  Field(
+    "cluster.stragglers",
+    (),
+    Allowed(_distinct_indices, "must be distinct worker indices >= 0, e.g. (3,) or (0, 5)"),
+    "worker indices that are stragglers, e.g. (3,)",
+    setting="stragglers",
+    convert=tuple,
+  ),
+  Field(
+    "cluster.straggler_slowdown",
+    4.0,
+    number(1, note="how many times slower a straggler is"),
+    "how many times slower a straggler is",
+    setting="straggler_slowdown",
+    off=1.0,
+  ),
+  Field(
+    "cluster.straggler_slowdowns",
+    (),
+    Allowed(
+      lambda v: isinstance(v, (tuple, list)) and all(number(1).accepts(x) for x in v),
+      "must be () or a tuple of finite numbers >= 1, one per straggler, e.g. (2.0, 4.0)",
+    ),
+    "each straggler's own slowdown, in the order of cluster.stragglers (then "
+    "cluster.straggler_slowdown is not read); () gives every straggler "
+    "cluster.straggler_slowdown",
+    earlier=(),
+    setting="straggler_slowdowns",
+    convert=tuple,
+  ),
+  Field("cluster.latency", 5e-4, number(0), "seconds per message", setting="latency", off=0.0),
+  Field(
+    "cluster.bandwidth",
+    1.25e8,
+    number(0, low_open=True, infinite=True, words="must be > 0 (bytes/second)"),
+    "bytes/second of each worker's link",
+    setting="bandwidth",
+    off=math.inf,
+  ),
+  Field(
+    "cluster.master_time",
+    1e-3,
+    number(0),
+    "the master's service time per request",
+    setting="master_time",
+    off=0.0,
+  ),
+  Field(
+    "cluster.servers",
+    1,
+    integer(1),
+    "parameter servers the center is split over",
+    setting="servers",
+  ),
+  Field(
+    "cluster.server_bandwidth",
+    math.inf,
+    number(
+      0,
+      low_open=True,
+      infinite=True,
+      words="must be > 0 (bytes/second; inf: the servers' links are not modelled)",
+    ),
+    "bytes/second of each server's link; inf: not modelled",
+    setting="server_bandwidth",
+  ),
+  Field(
+    "cluster.allreduce",
+    Allreduce.RING.value,
+    Allowed(lambda v: v in tuple(Allreduce), f"must be one of {', '.join(Allreduce)}"),
+    "the synchronous rules' all-reduce: ring or tree",
+    setting="allreduce",
+  ),
+)
+
+
+@settings(FIELDS)
+class Cluster:
+  """The timing model; seconds, bytes and bytes/second. One attribute a field of
+  `FIELDS`; a field not given is off."""
 
   @classmethod
-  def from_config(cls, config: ml_collections.ConfigDict) -> "Cluster":
-    values = config.to_dict()
-    values["stragglers"] = tuple(values["stragglers"])
-    values["straggler_slowdowns"] = tuple(values["straggler_slowdowns"])
-    values.pop("replay", None)  # a recorded order, not a timing (easgd.train.runtimes.trace)
-    values.pop("on_worker_loss", None)  # what runtime=ray does when a worker dies
-    return cls(**values)
+  def from_config(cls, group: ml_collections.ConfigDict) -> "Cluster":
+    """The timing model of a config's cluster group (the fields other parts declare in
+    that group, such as cluster.replay, are not timings)."""
+    return read(cls, {"cluster": group})
 
   def mean_step_times(self, num_workers: int) -> np.ndarray:
     """c_i for every worker."""

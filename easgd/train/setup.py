@@ -97,7 +97,7 @@ def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) ->
 
 def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequence = ()) -> Setup:
   """Checks the inputs and builds the run's common parts for `runtime`, the Runtime
-  class that runs `config` (easgd.train.runtimes.select). It says how many
+  class that runs `config` (easgd.train.runtimes.registry.select). It says how many
   partitions the training set is split into, whether they may stream from disk,
   and whether the run may span processes. `others`: the other runtimes that
   config.runtime may name for this algorithm, which a refusal names."""

@@ -6,9 +6,10 @@ import ml_collections
 from absl import logging
 
 from easgd.config import validation
-from easgd.train import loop, runtimes
+from easgd.train import loop
 from easgd.train import setup as setup_lib
-from easgd.train.runtimes import Runtime
+from easgd.train.runtimes import registry as runtimes
+from easgd.train.runtimes.base import Runtime
 
 
 def check(config: ml_collections.ConfigDict) -> type[Runtime]:

@@ -1,6 +1,7 @@
 """The declared fields: one declaration each, from which the default config, each field's
 check, the migration hints, the rules' own defaults and docs/configuration.md come."""
 
+import ast
 import math
 import pathlib
 
@@ -181,3 +182,18 @@ def test_the_fields_a_command_line_sets_are_read_from_its_flags():
     "outer.comm_period",
     "optimizer.nesterov",
   }
+
+
+def test_no_config_path_is_spelled_in_two_library_files():
+  """A dotted path is written where its field is declared and read through that
+  declaration everywhere else (`Field.path`, `Field.of`, `require(field, ...)`)."""
+  sources = [*sorted((REPO / "easgd").rglob("*.py")), *sorted((REPO / "models").rglob("*.py"))]
+  sources += [REPO / "train.py", REPO / "sweep.py"]
+  spelled: dict[str, set[str]] = {}
+  for source in sources:
+    for node in ast.walk(ast.parse(source.read_text())):
+      if isinstance(node, ast.Constant) and node.value in fields.FIELDS and "." in node.value:
+        spelled.setdefault(node.value, set()).add(str(source.relative_to(REPO)))
+  assert {path: files for path, files in spelled.items() if len(files) > 1} == {}
+  # The test sees the declarations themselves.
+  assert spelled["outer.comm_period"] == {"easgd/rules/base.py"}

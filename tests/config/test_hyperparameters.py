@@ -10,7 +10,7 @@ import pytest
 import tiers
 
 from easgd import rules, steps
-from easgd.config import hyperparameters
+from easgd.config import fields, hyperparameters
 from easgd.configs import default
 from easgd.infra import sharding
 from easgd.sim import timing
@@ -51,7 +51,8 @@ def test_every_declared_read_and_hyper_field_exists():
     for field in rule.reads:  # a field, or a whole group
       assert field in FIELDS or any(f.startswith(field + ".") for f in FIELDS), (rule.name, field)
   for field in dataclasses.fields(rules.Hyper):
-    assert field.metadata["config"] in FIELDS
+    declared = field.metadata["config"]
+    assert fields.FIELDS[declared.path] is declared and declared.setting == field.name
 
 
 def test_hyper_comes_from_the_grouped_fields():

@@ -286,7 +286,8 @@ def test_another_configuration_is_named_before_the_revision(tmp_path):
     ),
     (
       {"algorithm": "diloco", "outer.fragments": 2},
-      "config.outer.fragments=2 is invalid: diloco does not stream its exchanges (leave it 1)",
+      "config.outer.fragments=2 is invalid: diloco has no fragments: it does not stream its "
+      "exchanges (leave it 1); rules that read it: streaming_diloco, streaming_easgd",
     ),
     (
       {"algorithm": "streaming_easgd", "outer.merge": 0.5},
@@ -319,8 +320,7 @@ def test_the_streaming_fields_are_refused_where_they_cannot_apply(overrides, mes
     (
       {"outer.dynamic_local_steps": True},
       "config.outer.dynamic_local_steps=True is invalid: sync_easgd has no dynamic local "
-      "steps: its workers step in lockstep (leave it False); rules that read it: "
-      "async_local_sgd",
+      "steps (leave it False); rules that read it: async_local_sgd",
     ),
     (
       {"algorithm": "diloco", "outer.momentum_period": 8},
@@ -375,4 +375,4 @@ def test_async_local_sgds_fields_are_refused_where_they_cannot_apply(overrides, 
 def test_the_pipeline_refuses_the_exchange_fields_it_has_no_use_for(field, value):
   with pytest.raises(ConfigError) as refused:
     validation.validate(config_with({"algorithm": "pipeline", field: value}))
-  assert str(refused.value).startswith(f"config.{field}={value!r} is invalid: the pipeline ")
+  assert str(refused.value).startswith(f"config.{field}={value!r} is invalid: pipeline has no ")

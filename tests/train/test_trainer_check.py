@@ -24,7 +24,8 @@ from easgd import cli, registry
 from easgd.config import hyperparameters
 from easgd.errors import ConfigError
 from easgd.infra import platform
-from easgd.train import runtimes, trainer
+from easgd.train import trainer
+from easgd.train.runtimes import registry as runtimes
 
 checked = []
 for algorithm in registry.ALGORITHMS:

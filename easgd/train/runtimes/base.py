@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import ml_collections
 
 from easgd.config import hyperparameters
+from easgd.declare import Field
 from easgd.infra import sharding
 from easgd.train import setup as setup_lib
 from easgd.train.loop import Trainee
@@ -36,9 +37,10 @@ class Runtime(abc.ABC):
   # Whether its training data may stream from disk (data.source=stream); a runtime
   # that may not reads each unit's batches from partitions kept on the devices.
   streams: ClassVar[bool]
-  # The config fields that only this runtime reads: the registry refuses them set
-  # (away from their defaults) in a config that another runtime runs.
-  reads: ClassVar[tuple[str, ...]] = ()
+  # The config fields that only this runtime reads, declared beside it (its
+  # fields.py): the registry refuses them set (away from their defaults) in a
+  # config that another runtime runs.
+  declares: ClassVar[tuple[Field, ...]] = ()
 
   @classmethod
   @abc.abstractmethod

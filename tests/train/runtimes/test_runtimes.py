@@ -7,7 +7,8 @@ import pytest
 
 from easgd.errors import ConfigError
 from easgd.rules import RULES
-from easgd.train import runtimes, trainer
+from easgd.train import trainer
+from easgd.train.runtimes import registry as runtimes
 from easgd.train.runtimes.rule_runtime import RuleRuntime
 from easgd.train.runtimes.simulated.runtime import SimulatedTrainee
 from runs import config_with, small_config

@@ -30,6 +30,7 @@ from easgd.errors import ConfigError, require
 from easgd.infra import compile as compile_lib
 from easgd.infra import platform, sharding
 from easgd.rules import RULES
+from easgd.train.runtimes.ray import fields
 from easgd.train.runtimes.rule_runtime import parameter_server_rules
 from easgd.train.runtimes.threads.runtime import ThreadsRuntime, ThreadsTrainee
 
@@ -87,7 +88,7 @@ def check_gpus(config: ml_collections.ConfigDict) -> None:
     return
   require(
     wanted <= have,
-    "ray.worker_gpus",
+    fields.WORKER_GPUS,
     config.ray.worker_gpus,
     f"{config.workers} workers would take {wanted:g} GPUs; {where} {have:g}",
   )
@@ -298,7 +299,7 @@ class RayRuntime(ThreadsRuntime):
   name = "ray"
   spans_processes = False  # this process drives them; Ray spans the hosts
   streams = False
-  reads = ("ray.address", "ray.servers", "ray.worker_gpus", "cluster.on_worker_loss")
+  declares = fields.FIELDS
 
   @classmethod
   def algorithms(cls) -> tuple[str, ...]:
@@ -330,7 +331,7 @@ class RayRuntime(ThreadsRuntime):
     blocks = len(jax.tree.leaves(jax.eval_shape(rule.init, tree, key).center))
     require(
       config.ray.servers <= blocks,
-      "ray.servers",
+      fields.SERVERS,
       config.ray.servers,
       f"the center is split by parameter blocks, and {config.model} has {blocks}: "
       f"at most {blocks} servers",

@@ -22,6 +22,7 @@ from easgd.train import setup as setup_lib
 from easgd.train.runtimes import trace
 from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime, parameter_server_rules
 from easgd.train.runtimes.simulated import replay_clock
+from easgd.train.runtimes.simulated.fields import REPLAY
 
 
 class SimulatedTrainee(RuleReports):
@@ -103,7 +104,7 @@ class SimulatedRuntime(RuleRuntime):
   name = "simulated"
   spans_processes = True
   streams = True
-  reads = ("cluster.replay",)
+  declares = (REPLAY,)
 
   @classmethod
   def check(cls, config: ml_collections.ConfigDict) -> None:
@@ -114,7 +115,7 @@ class SimulatedRuntime(RuleRuntime):
       server_rules = ", ".join(parameter_server_rules())
       require(
         RULES[config.algorithm].parameter_server(),
-        "cluster.replay",
+        REPLAY.path,
         replay,
         f"replays a parameter-server rule's order of requests ({server_rules}); "
         f"{config.algorithm} has none",

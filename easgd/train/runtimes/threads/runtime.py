@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 from easgd.data import augment as augment_lib
 from easgd.data import batches
 from easgd.errors import require
-from easgd.infra import sharding
+from easgd.infra import profiler, sharding
 from easgd.infra.compile import compile_program
 from easgd.rules import AXIS, Rule, TrainState
 from easgd.rules.spmd import exchange_key
@@ -39,6 +39,7 @@ from easgd.train import loop
 from easgd.train import setup as setup_lib
 from easgd.train.runtimes import trace as trace_lib
 from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime, parameter_server_rules
+from easgd.train.runtimes.simulated.fields import REPLAY
 from easgd.train.runtimes.threads.live_clock import LiveClock
 from easgd.train.runtimes.threads.workers import Rows, Workers
 
@@ -295,7 +296,6 @@ class ThreadsRuntime(RuleRuntime):
   name = "threads"
   spans_processes = False
   streams = False  # each worker reads its batches from its partition on its device
-  reads = ()
 
   @classmethod
   def algorithms(cls) -> tuple[str, ...]:
@@ -311,13 +311,13 @@ class ThreadsRuntime(RuleRuntime):
     has no tick programs to profile."""
     require(
       not config.cluster.replay,
-      "cluster.replay",
+      REPLAY.path,
       config.cluster.replay,
       f"a replay drives runtime=simulated; runtime={cls.name} records a new trace: leave it ''",
     )
     require(
       not config.run.profile,
-      "run.profile",
+      profiler.PROFILE,
       config.run.profile,
       f"profiles the simulated runtime's tick programs; with runtime={cls.name} leave it ''",
     )
