@@ -196,6 +196,12 @@ class Rule(abc.ABC):
       self.inner = optimizers.inner(hyper)
 
   @classmethod
+  def check_config(cls, config) -> None:
+    """Checks what only it asks of the config across fields (its own fields against
+    the others), after the family's checks (easgd.rules.checks). Raises ConfigError."""
+    del config
+
+  @classmethod
   def check_model(cls, hyper, shapes: Callable[[], Params]) -> None:
     """Checks what it needs of the model; `shapes()` traces its tree's shapes, for a
     rule that asks. Raises ConfigError."""
@@ -253,13 +259,27 @@ class Rule(abc.ABC):
   def period(self) -> int:
     """Local steps of a worker between two of its exchanges."""
 
+  def exchanges_after(self, step):
+    """Whether the step that starts with `step` steps taken (`state.step`: a traced
+    integer inside the step, an int in the clock) ends with an exchange: every
+    period-th by default. A rule that decides otherwise when it exchanges says so
+    here, and its step and its clock follow."""
+    return (step + 1) % self.period == 0
+
   def make_clock(
     self, cluster: timing.Cluster, model_bytes: float, seed: int, sent_bytes: float | None = None
   ) -> clocks.Clock:
     """The schedule of this rule on `cluster`: all workers in lockstep."""
     # An all-reduce's bytes are all its own (easgd.rules.exchange.sizes): sent_bytes unused.
     del sent_bytes
-    return clocks.SyncClock(cluster, self.hyper.num_workers, model_bytes, seed, self.period)
+    return clocks.SyncClock(
+      cluster,
+      self.hyper.num_workers,
+      model_bytes,
+      seed,
+      self.period,
+      exchanges_after=self.exchanges_after,
+    )
 
   def tick_inputs(self, tick: ticks.Tick) -> TickInputs:
     """What the device program needs of a tick: nothing, for lockstep rules."""

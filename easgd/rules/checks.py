@@ -36,6 +36,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   _check_batch_stats(rule, config)
   timing.check_stragglers(config.cluster, config.workers)
   _check_no_per_model(config.pipeline.per_model)
+  rule.check_config(config)
 
 
 def _pull_in_force(rule: type[Rule], outer: ml_collections.ConfigDict) -> str | None:

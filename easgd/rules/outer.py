@@ -216,7 +216,7 @@ class CenterRule(Rule):
       workers = jax.tree.map(lambda x, u, d: x + u - alpha * d, start, updates, distance)
       return workers, center, center_opt
 
-    is_exchange = (state.step + 1) % self.hyper.comm_period == 0
+    is_exchange = self.exchanges_after(state.step)
     workers, center, center_opt = lax.cond(is_exchange, with_exchange, local_only)
     new_state = state.replace(
       step=state.step + 1,

@@ -14,7 +14,7 @@ import fractions
 import heapq
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -189,16 +189,27 @@ class Clock(RunTotals, abc.ABC):
 
 class SyncClock(Clock):
   """All workers take their steps together; every `period`-th step ends with a
-  barrier and a ring all-reduce.
+  barrier and a ring all-reduce (or each step for which `exchanges_after(steps
+  taken before it)` says so, when the rule decides: `Rule.exchanges_after`).
 
   Between all-reduces each worker runs at its own pace; the all-reduce starts
   when the slowest worker arrives and ends `allreduce_time` later for all.
   A tick's time is that of the latest worker.
   """
 
-  def __init__(self, cluster, num_workers, model_bytes, seed, period: int, sent_bytes=None):
+  def __init__(
+    self,
+    cluster,
+    num_workers,
+    model_bytes,
+    seed,
+    period: int,
+    sent_bytes=None,
+    exchanges_after: Callable[[int], bool] | None = None,
+  ):
     super().__init__(cluster, num_workers, model_bytes, seed, sent_bytes)
     self.period = period
+    self.exchanges_after = exchanges_after or (lambda step: (step + 1) % period == 0)
     self.steps = 0
     self._worker_time = np.zeros(num_workers)
 
@@ -221,7 +232,7 @@ class SyncClock(Clock):
 
   def _sent_at_this_step(self) -> float | None:
     """The bytes all-reduced at the end of this step (`self.steps` done), or None."""
-    return self.model_bytes if self.steps % self.period == 0 else None
+    return self.model_bytes if self.exchanges_after(self.steps - 1) else None
 
   def _all_reduced(self, end: float) -> None:
     """An all-reduce that started when the slowest worker arrived ends at `end`: every
