@@ -5,7 +5,7 @@ and one line here.
 """
 
 from easgd.declare import Field, unique
-from easgd.rules import async_local, outer, parameter_server, streaming, sync
+from easgd.rules import async_local, outer, parameter_server, post_local, streaming, sync
 from easgd.rules.base import Momentum, Rule
 from easgd.sim.clocks import Policy
 
@@ -29,6 +29,7 @@ RULES: dict[str, type[Rule]] = {
     outer.Lookahead,
     streaming.StreamingDiLoCo,
     streaming.StreamingEASGD,
+    post_local.PostLocalSGD,
   )
 }
 

@@ -85,6 +85,11 @@ FIELDS = {
     {"algorithm": "async_local_sgd", "outer.momentum_period": 1},
   ),
   "downpour.n_sync": (integer_at_least(1), {"algorithm": "downpour"}),
+  # Below the default run's 600 steps: a run that never switches is refused.
+  "outer.switch_step": (
+    lambda v: _integer(v) and 0 <= v < 600,
+    {"algorithm": "post_local_sgd"},
+  ),
   "pipeline.models": (integer_at_least(1), {"algorithm": "pipeline"}),
   "pipeline.stage_steps": (integer_at_least(1), {"algorithm": "pipeline"}),
   "cluster.compute_time": (finite_at_least(0, inclusive=False), {}),
@@ -159,6 +164,7 @@ ALWAYS = {
   "outer.fragments": integer_at_least(1),
   "outer.sync_delay": integer_at_least(0),
   "outer.momentum_period": integer_at_least(1),
+  "outer.switch_step": lambda v: _integer(v) and 0 <= v < 2**31,
 }
 # A valid config for each algorithm: the momentum rules need a momentum.
 ALGORITHMS = {
