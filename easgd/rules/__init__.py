@@ -2,19 +2,17 @@
 
 base:             the interface every rule implements (`Rule`), and what rules declare.
 state:            the training state (`TrainState`) a checkpoint holds.
-hyper:            the hyper-parameters (`Hyper`) a rule reads from the config.
+hyper:            the hyper-parameters (`Hyper`), one for each field a rule declares.
 spmd:             the helpers of a step inside shard_map: sums over workers, per-worker maps.
-local:            the workers' local step with their inner optimizer, and its metrics.
-optimizers:       the inner optimizer and its schedule, the outer optimizer (optax).
+optimizers:       the inner optimizer and its schedule, the workers' local step and its
+                  metrics, the outer optimizer (optax).
 exchange:         compressed exchange messages.
-sync:             Sync SGD.
-outer:            the center family: Sync EASGD, Sync MEASGD, DiLoCo, Local SGD, Lookahead.
-streaming:        the streaming rules: Streaming DiLoCo and its elastic sibling.
-fragments:        a model cut into fragments of whole layers, for the streaming rules.
-parameter_server: the master-and-workers family, driven by the simulator's ticks.
-async_local:      Asynchronous Local SGD's master (Delayed Nesterov, DyLU), of that family.
 model_state:      parameters and BatchNorm statistics in one tree.
-registry:         `config.algorithm` -> rule class.
+fragments:        a model cut into fragments of whole layers, for the streaming rules.
+checks:           what the rules ask of the config across fields, from their declarations.
+registry:         `config.algorithm` -> rule class, over the rules' own modules: a module
+                  a family or a rule (sync, outer, streaming, parameter_server, ...), its
+                  equations in its docstring.
 
 The names below are the interface the rest of the project uses.
 """
