@@ -43,7 +43,7 @@ from easgd.errors import require
 from easgd.rules import model_state, optimizers
 from easgd.rules.base import BASE_READS, COMM_PERIOD, Momentum, Pull, Rule
 from easgd.rules.optimizers import step_metrics
-from easgd.rules.spmd import AXIS, map_workers, sum_over_workers
+from easgd.rules.spmd import AXIS, map_workers, mean_over_workers
 from easgd.rules.state import initial_state, stack_workers
 
 SWITCH_STEP = Field(
@@ -104,9 +104,8 @@ class PostLocalSGD(Rule):
     return initial_state(rng, params, center_opt, workers, worker_opt, self.hyper.num_workers)
 
   def _mean(self, tree):
-    """(1/P) sum_i tree_i: one all-reduce; the same on every device."""
-    total = sum_over_workers(tree, self.hyper.deterministic_sums)
-    return jax.tree.map(lambda leaf: leaf / self.hyper.num_workers, total)
+    """(1/P) sum_i tree_i: one all-reduce."""
+    return mean_over_workers(tree, self.hyper.num_workers, self.hyper.deterministic_sums)
 
   def step(self, state, batch, loss_fn, tick):
     del tick

@@ -46,6 +46,12 @@ def sum_over_workers(tree: Params, in_worker_order: bool = False) -> Params:
   return jax.tree.map(ordered, tree)
 
 
+def mean_over_workers(tree: Params, num_workers: int, in_worker_order: bool = False) -> Params:
+  """(1/P) sum_i tree_i: `sum_over_workers`, then divided by P; the same on every device."""
+  total = sum_over_workers(tree, in_worker_order)
+  return jax.tree.map(lambda leaf: leaf / num_workers, total)
+
+
 def local_workers(count: int) -> jax.Array:
   """The global indices of this device's `count` workers."""
   return lax.axis_index(AXIS) * count + jnp.arange(count)

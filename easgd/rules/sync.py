@@ -11,7 +11,7 @@ from jax import lax
 from easgd.rules import exchange, model_state
 from easgd.rules.base import Momentum, Rule
 from easgd.rules.optimizers import step_metrics
-from easgd.rules.spmd import AXIS, exchange_key, local_workers, sum_over_workers
+from easgd.rules.spmd import AXIS, exchange_key, local_workers, mean_over_workers
 from easgd.rules.state import initial_state, stack_workers
 
 
@@ -51,8 +51,7 @@ class SyncSGD(Rule):
     )
 
     def mean(tree):
-      total = sum_over_workers(tree, self.hyper.deterministic_sums)
-      return jax.tree.map(lambda leaf: leaf / self.hyper.num_workers, total)
+      return mean_over_workers(tree, self.hyper.num_workers, self.hyper.deterministic_sums)
 
     params = model_state.trainable(state.center)
     sent = exchange.compress_workers(
