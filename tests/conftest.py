@@ -82,7 +82,17 @@ def pytest_configure(config):
   )
   import jax  # noqa: PLC0415 (after the environment above)
 
-  from easgd.infra import platform  # noqa: PLC0415
+  from easgd.infra import platform, sharding  # noqa: PLC0415
+
+  # XLA:CPU sizes its thread pool by the larger of the processors and the process's
+  # devices, and splits some sums by that size: a train.py of 4 devices on a 2-core
+  # machine (4 threads) and this process of 8 (8 threads) round the same run's sums
+  # differently, where on 8 cores or more both have the machine's count. Every
+  # process the tests start sizes its pool as this one (PJRT_NPROC, read first), so
+  # that a run in train.py and the same run in this process have the same bits on
+  # any machine. A test of train.py's own pin (config.deterministic_sums) starts its
+  # processes without it (runs.own_pool).
+  os.environ[sharding.CPU_THREADS_VARIABLE] = str(max(sharding.processors(), 8))
 
   if platform.expected_backend() != "cpu":
     # An accelerator's machine: this process and the train.py processes the tests

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from easgd.configs import default
-from easgd.infra import checkpoint, scalars
+from easgd.infra import checkpoint, scalars, sharding
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -117,10 +117,11 @@ class Process:
   machine with it.
   """
 
-  def __init__(self, *args: str):
+  def __init__(self, *args: str, env: dict[str, str] | None = None):
     self.popen = subprocess.Popen(
       [sys.executable, *args],
       cwd=REPO,
+      env=env,
       stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT,
       text=True,
@@ -185,21 +186,34 @@ def _wrapper(signal_at: tuple) -> tuple[str, ...]:
   return (SIGNAL_AT, *map(str, signal_at)) if signal_at else ()
 
 
-def train(workdir, *flags: str, signal_at: tuple = ()) -> Process:
+def own_pool() -> dict[str, str]:
+  """This process's environment without the pool size that tests/conftest.py gives
+  every process the tests start: train.py then sizes XLA:CPU's thread pool itself
+  (by the machine, or by the run with config.deterministic_sums)."""
+  return {k: v for k, v in os.environ.items() if k != sharding.CPU_THREADS_VARIABLE}
+
+
+def train(workdir, *flags: str, signal_at: tuple = (), env: dict | None = None) -> Process:
   """train.py; `signal_at`: tests/signal_at.py's PHASE, STEP and options, where the run
-  signals itself (SIGKILL unless told)."""
-  return Process(*_wrapper(signal_at), "train.py", f"--workdir={workdir}", *flags)
+  signals itself (SIGKILL unless told); `env`: its environment (None: this process's)."""
+  return Process(*_wrapper(signal_at), "train.py", f"--workdir={workdir}", *flags, env=env)
 
 
 def launch(
-  workdir, *flags: str, processes: int = 2, grace: float | None = None, signal_at: tuple = ()
+  workdir,
+  *flags: str,
+  processes: int = 2,
+  grace: float | None = None,
+  signal_at: tuple = (),
+  env: dict | None = None,
 ) -> Process:
   """train.py over `processes` processes (easgd.launch; `grace`: its --grace);
-  `signal_at`: as train's, in every process (--process=N: in process N only)."""
+  `signal_at`: as train's, in every process (--process=N: in process N only); `env`:
+  as train's."""
   given = () if grace is None else (f"--grace={grace:g}",)
   command = ("-m", "easgd.launch", f"--processes={processes}", *given, "--")
   command = (*command, *_wrapper(signal_at), "train.py")
-  return Process(*command, f"--workdir={workdir}", *flags)
+  return Process(*command, f"--workdir={workdir}", *flags, env=env)
 
 
 def assert_bfloat16_run_keeps_float32_state(tmp_path, steps: int) -> None:

@@ -14,7 +14,7 @@ import pytest
 from easgd import launch as launcher
 from easgd.errors import ConfigError
 from easgd.infra import distributed
-from runs import launch, read_state, small_flags, steps_saved, train
+from runs import launch, own_pool, read_state, small_flags, steps_saved, train
 
 # Whole runs, train.py or several processes: left out of the quick loop (-m 'not e2e').
 pytestmark = pytest.mark.e2e
@@ -166,12 +166,13 @@ def test_lenet5_from_one_process_resumes_on_two_bit_for_bit(tmp_path):
   overrides = {"deterministic_sums": True, "model": "lenet5", "run.total_steps": 20}
   flags = small_flags(overrides, algorithm="sync_easgd")
   reference = tmp_path / "reference"
-  straight = train(reference, *flags)
+  # Each process sizes its pool as train.py does for the run, not as the tests' are.
+  straight = train(reference, *flags, env=own_pool())
   assert straight.wait(RUN_SECONDS) == 0, straight.tail()
   # Its checkpoint of step 10, saved by the one process of 4 devices, resumed on two.
   workdir = tmp_path / "run"
   shutil.copytree(reference / "checkpoints" / "10", workdir / "checkpoints" / "10")
-  resumed = launch(workdir, *flags)
+  resumed = launch(workdir, *flags, env=own_pool())
   assert resumed.wait(RUN_SECONDS) == 0, resumed.tail()
   assert "resumed from the checkpoint of step 10" in resumed.output()
   final = "checkpoints/20"

@@ -97,7 +97,8 @@ def test_a_hung_checkpoint_stops_the_process_and_the_same_command_resumes(tmp_pa
   script = tmp_path / "hang.py"
   script.write_text(HANG_AT_STEP_20)
   workdir = tmp_path / "run"
-  # The run ends at step 20, whose checkpoint hangs; small_run's is the uninterrupted one.
+  # The run ends at step 20, whose checkpoint hangs; small_run's is the uninterrupted one
+  # (in this process, whose thread pool train.py's has: tests/conftest.py).
   run = small_flags({"run.total_steps": 20}, algorithm="sync_easgd")
   # Every phase's limit after its first (which may compile and gets more): a busy
   # machine's evaluation or step results stay well inside it.
