@@ -14,6 +14,7 @@ The training runs keep the default precision, as users run them.
 """
 
 import importlib
+import pathlib
 
 import jax
 import numpy as np
@@ -72,7 +73,7 @@ REFERENCE_CHECKS = {
   "diloco": [lambda: test_outer.test_diloco_follows_its_equations(1)],
   "local_sgd": [lambda: test_outer.test_local_sgd_follows_its_equations(1)],
   "lookahead": [lambda: test_outer.test_lookahead_follows_its_equations(8, 1)],
-  **{name: [_parameter_server(name)] for name in test_parameter_server.REFERENCE},
+  **{name: [_parameter_server(name)] for name in rules.names(parameter_server=True)},
   "streaming_diloco": [
     lambda delay=delay, merge=merge: test_streaming.test_streaming_diloco_follows_its_equations(
       delay, merge, num_devices=1
@@ -86,16 +87,27 @@ REFERENCE_CHECKS = {
 }
 
 
-def _own_checks(name: str) -> list:
-  """A rule's checks kept by its own test module (tests/rules/test_<its module>.py, as
-  `GPU_CHECKS`), for a rule the table above does not list: a new rule brings them."""
-  module = importlib.import_module("test_" + rules.RULES[name].__module__.rpartition(".")[2])
-  return getattr(module, "GPU_CHECKS", {}).get(name, [])
+# The test modules of the rules, any of which may keep a rule's checks (GPU_CHECKS).
+RULE_TESTS = pathlib.Path(__file__).parent / "rules"
+
+
+def checks_of(name: str) -> list:
+  """The rule's checks against its NumPy reference: the table's above, or those the test
+  modules of tests/rules keep for it (a dict `GPU_CHECKS` of rule name -> checks, in
+  whichever module tests the rule): a new rule brings them. The CPU tier checks that
+  every rule has some (tests/rules/test_rules.py)."""
+  if name in REFERENCE_CHECKS:
+    return REFERENCE_CHECKS[name]
+  found = []
+  for path in sorted(RULE_TESTS.glob("test_*.py")):
+    module = importlib.import_module(path.stem)
+    found += getattr(module, "GPU_CHECKS", {}).get(name, [])
+  return found
 
 
 @pytest.mark.parametrize("name", list(rules.RULES))
 def test_every_rule_follows_its_numpy_reference(name, highest_precision):
-  checks = REFERENCE_CHECKS.get(name) or _own_checks(name)
+  checks = checks_of(name)
   assert checks, f"{name} has no NumPy reference check in the GPU tier"
   for check in checks:
     check()

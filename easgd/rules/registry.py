@@ -1,11 +1,19 @@
 """The registry of update rules: `config.algorithm` names one of these.
 
 A new rule is one class (declaring what it accepts, see `easgd.rules.base.Rule`)
-and one line here.
+and its line in `RULES` here; a rule in a module of its own adds that module's
+line to the import, one module a line.
 """
 
 from easgd.declare import Field, unique
-from easgd.rules import async_local, outer, parameter_server, post_local, streaming, sync
+from easgd.rules import (
+  async_local,
+  outer,
+  parameter_server,
+  post_local,
+  streaming,
+  sync,
+)
 from easgd.rules.base import Momentum, Rule
 from easgd.sim.clocks import Policy
 

@@ -121,9 +121,17 @@ def worker_row(state, i):
   return {key: value[i] for key, value in state.workers.items()}
 
 
+def test_every_parameter_server_rule_has_its_settings_in_the_reference():
+  """The event loop's settings of every parameter-server rule of the registry, and of
+  no other rule: a new one is named here rather than left out of the test below."""
+  assert sorted(REFERENCE) == sorted(rules.names(parameter_server=True))
+
+
+# Every parameter-server rule of the registry.
 @pytest.mark.parametrize("num_devices", tiers.devices(4, 2))
-@pytest.mark.parametrize("name", tiers.cases(sorted(REFERENCE)))
+@pytest.mark.parametrize("name", tiers.cases(sorted(rules.names(parameter_server=True))))
 def test_rule_follows_a_literal_parameter_server(name, num_devices):
+  assert name in REFERENCE, f"{name} has no settings of the event loop in REFERENCE"
   _, _, _, server, mu, nesterov = REFERENCE[name]
   # async_msgd's momentum is its master's; a momentum rule's workers have it.
   if not mu or server == "momentum":

@@ -156,3 +156,14 @@ def test_weight_decay_adds_lambda_x_to_every_gradient(name):
     centers = [center for _, center in expected]
   for state, center in zip(actual, centers, strict=True):
     assert_close(state.center, center)
+
+
+def test_the_gpu_tier_finds_every_rules_numpy_checks():
+  """The GPU tier (tests/test_gpu.py, skipped without a GPU) runs each rule's checks
+  against its NumPy reference: every rule of the registry has some there, from its table
+  or from the GPU_CHECKS of a test module of tests/rules, so that a rule without them
+  fails here and not first on a GPU."""
+  import test_gpu  # noqa: PLC0415 (it imports this module)
+
+  missing = [name for name in rules.RULES if not test_gpu.checks_of(name)]
+  assert missing == [], f"no NumPy reference check in the GPU tier for {', '.join(missing)}"
