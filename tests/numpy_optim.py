@@ -130,14 +130,32 @@ def sgd(eta, mu=0.0, nesterov=False):
   return Optimizer("sgd", constant(eta), mu=mu, nesterov=nesterov)
 
 
+def feedback(sent, count):
+  """`sent` (Q of a message: (v, t, i) -> Q(v)) under error feedback, for `count`
+  workers: worker i sends Q(v + e_i) and keeps e_i <- (v + e_i) - Q(v + e_i), e_i = 0 at
+  the start (Seide et al. 2014; Karimireddy et al. 2019). Its residuals are those of the
+  names it is given, each kept apart."""
+  residuals = [{} for _ in range(count)]
+
+  def with_feedback(v, t, i):
+    e = residuals[i]
+    total = {k: v[k] + e.get(k, 0.0) for k in v}
+    q = sent(total, t, i)
+    e.update({k: total[k] - q[k] for k in v})
+    return q
+
+  return with_feedback
+
+
 def center_family(x0, batches, grad, inner, tau, pull, outer, alpha=0.0, sent=lambda d, t, i: d):
   """The center family; returns [(workers, center)] after each step.
 
   Step t: u_i = inner update with the gradient at inner.point(x_i) (x_i but for
   EAMSGD's look-ahead). If (t+1) % tau == 0: with r_i = x_i (elastic)
-  or x_i + u_i (reset), each worker sends s_i = Q(r_i - center) (`sent`), Delta =
-  -mean_i s_i, center' = center + outer update of Delta; then x_i <- x_i + u_i -
-  alpha*(x_i - center) (elastic) or x_i <- center' (reset). Else x_i <- x_i + u_i.
+  or x_i + u_i (reset), each worker sends s_i = Q(r_i - center) (`sent`; `feedback`
+  of it for error feedback), Delta = -mean_i s_i, center' = center + outer update of
+  Delta; then x_i <- x_i + u_i - alpha*(x_i - center) (elastic) or x_i <- center'
+  (reset). Else x_i <- x_i + u_i.
   """
   num_workers = len(batches[0])
   workers = [dict(x0) for _ in range(num_workers)]
@@ -191,7 +209,18 @@ def pipeline(models, partitions, grad, batch_indices, optimizers, *, num_stages,
 
 
 def streaming(
-  x0, batches, grad, inner, tau, fragments, delay, pull, outer=None, alpha=0.0, merge=1.0
+  x0,
+  batches,
+  grad,
+  inner,
+  tau,
+  fragments,
+  delay,
+  pull,
+  outer=None,
+  alpha=0.0,
+  merge=1.0,
+  sent=lambda d, t, i: d,
 ):
   """The streaming rules (Streaming DiLoCo and its elastic sibling); returns
   [(workers, center)] after each step.
@@ -200,9 +229,10 @@ def streaming(
   worker steps x_i <- x_i + u_i; fragment f is sent when (t - f*tau/F) % tau == 0,
   as d_i = r_i - center on its names (r_i the stepped worker for the reset pull,
   the worker from before the step for the elastic pull), and its result arrives
-  `delay` steps later: reset: center_f <- center_f + outer step of -mean_i d_i (its
+  `delay` steps later: reset: center_f <- center_f + outer step of -mean_i Q(d_i) (its
   own optimizer state), x_i,f <- merge*center_f + (1-merge)*x_i,f; elastic:
-  center_f <- center_f + alpha*sum_i d_i, x_i,f <- x_i,f - alpha*d_i,f.
+  center_f <- center_f + alpha*sum_i Q(d_i), x_i,f <- x_i,f - alpha*d_i,f. Q is
+  `sent(d, t - 1, i)` (the steps taken before the sending step), or `feedback` of it.
   """
   num_workers, count = len(batches[0]), len(fragments)
   spacing = tau // count
@@ -210,7 +240,7 @@ def streaming(
   states = [inner.init(x0) for _ in range(num_workers)]
   center = dict(x0)
   outer_states = [outer.init({k: x0[k] for k in names}) for names in fragments] if outer else None
-  arriving = {}  # t -> (fragment, the workers' differences as sent)
+  arriving = {}  # t -> (fragment, the workers' differences, what they sent)
   history = []
   for t, step_batches in enumerate(batches, start=1):
     before = [dict(w) for w in workers]
@@ -221,18 +251,20 @@ def streaming(
     for f, names in enumerate(fragments):
       if (t - f * spacing) % tau == 0 and t >= f * spacing:
         read = workers if pull == "reset" else before
-        arriving[t + delay] = (f, [{k: r[k] - center[k] for k in names} for r in read])
+        differences = [{k: r[k] - center[k] for k in names} for r in read]
+        messages = [sent(d, t - 1, i) for i, d in enumerate(differences)]
+        arriving[t + delay] = (f, differences, messages)
     if t in arriving:
-      f, differences = arriving.pop(t)
+      f, differences, messages = arriving.pop(t)
       names = fragments[f]
       if pull == "reset":
-        delta = {k: -np.mean([d[k] for d in differences], axis=0) for k in names}
+        delta = {k: -np.mean([m[k] for m in messages], axis=0) for k in names}
         step, outer_states[f] = outer.update(delta, outer_states[f], center)
         center.update({k: center[k] + step[k] for k in names})
         for w in workers:
           w.update({k: merge * center[k] + (1 - merge) * w[k] for k in names})
       else:
-        totals = {k: np.sum([d[k] for d in differences], axis=0) for k in names}
+        totals = {k: np.sum([m[k] for m in messages], axis=0) for k in names}
         center.update({k: center[k] + alpha * totals[k] for k in names})
         for w, d in zip(workers, differences, strict=True):
           w.update({k: w[k] - alpha * d[k] for k in names})

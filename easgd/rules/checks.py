@@ -16,7 +16,7 @@ from easgd.models import BATCH_NORM_MODELS
 from easgd.rules import model_state, optimizer_checks, optimizers
 from easgd.rules.async_local import MOMENTUM_ACTIVATION, MOMENTUM_PERIOD
 from easgd.rules.base import DEFAULT_BETA, MOVING_RATE, Momentum, Pull, Rule
-from easgd.rules.exchange import EXCHANGE_DTYPE
+from easgd.rules.exchange import ERROR_FEEDBACK, EXCHANGE_DTYPE
 from easgd.rules.outer import OUTER_NESTEROV, OUTER_OPTIMIZER, PULL
 from easgd.rules.registry import RULES
 from easgd.rules.streaming import FRAGMENTS, SYNC_DELAY
@@ -148,6 +148,15 @@ def _check_exchange_dtype(rule: type[Rule], outer: ml_collections.ConfigDict) ->
     outer.exchange_dtype,
     f"{rule.name} sends {', '.join(rule.exchange_dtypes)}; rules that send "
     f"{outer.exchange_dtype}: {takes}",
+  )
+  # A rule that does not read it has left it off (easgd.config.validation).
+  compressed = [dtype for dtype in rule.exchange_dtypes if dtype != "float32"]
+  require(
+    not outer.error_feedback or outer.exchange_dtype != "float32",
+    ERROR_FEEDBACK,
+    outer.error_feedback,
+    "float32 exchanges drop nothing to feed back: set outer.exchange_dtype to one that "
+    f"compresses ({', '.join(compressed)}) or leave it False",
   )
 
 

@@ -112,7 +112,9 @@ class CenterRule(Rule):
 
   momentum = Momentum.OPTIONAL
   nesterov = True
-  declares = (PULL, *OUTER_FIELDS)
+  # int4 and int2 too: the low-bit outer exchanges (with or without error feedback).
+  exchange_dtypes = exchange.DTYPES
+  declares = (PULL, *OUTER_FIELDS, exchange.ERROR_FEEDBACK)
 
   @property
   def pull(self) -> Pull:
@@ -145,8 +147,26 @@ class CenterRule(Rule):
     workers = stack_workers(params, self.hyper.num_workers)
     outer = self.outer()
     center_opt = () if outer is None else outer.init(model_state.trainable(params))
+    return initial_state(
+      rng, params, center_opt, workers, self.worker_opt(workers), self.hyper.num_workers
+    )
+
+  def worker_opt(self, workers):
+    """The workers' own state at the start: their inner optimizer's, and with error
+    feedback (easgd.rules.exchange) the residual of their messages, 0."""
     worker_opt = {"inner": optimizers.init_workers(self.inner, workers)}
-    return initial_state(rng, params, center_opt, workers, worker_opt, self.hyper.num_workers)
+    if self.hyper.error_feedback:
+      worker_opt["residual"] = jax.tree.map(jnp.zeros_like, workers)
+    return worker_opt
+
+  def compress(self, messages, residual, key, count: int):
+    """(what this device's `count` workers send of their `messages`, their residuals
+    after it): Q(messages) and None without error feedback; Q(messages + residual)
+    and the new residual with it (easgd.rules.exchange)."""
+    dtype, workers = self.hyper.exchange_dtype, local_workers(count)
+    if residual is None:
+      return exchange.compress_workers(messages, dtype, key, workers), None
+    return exchange.with_feedback(messages, residual, dtype, key, workers)
 
   def _move_center(self, center, center_opt, sent):
     """x~ and its optimizer state after an exchange whose messages are `sent` (x_i - x~)."""
@@ -192,11 +212,13 @@ class CenterRule(Rule):
       self.inner, state.workers, state.worker_opt["inner"], batch, loss_fn, at=start
     )
     count = state.worker_steps.shape[0]
+    # The residuals of error feedback (None without it): changed by an exchange only.
+    residual = state.worker_opt.get("residual")
 
     # x_i + u_i is formed inside each branch, not once before the cond: XLA
     # then compiles the step as it always has, and plain EASGD keeps its bits.
     def local_only():
-      return jax.tree.map(jnp.add, start, updates), state.center, state.center_opt
+      return jax.tree.map(jnp.add, start, updates), state.center, state.center_opt, residual
 
     def with_exchange():
       stepped = jax.tree.map(jnp.add, start, updates)
@@ -204,26 +226,27 @@ class CenterRule(Rule):
       distance = model_state.exchanged(
         jax.tree.map(lambda x, c: x - c, read, state.center), self.hyper.average_stats
       )
-      sent = exchange.compress_workers(
-        distance, self.hyper.exchange_dtype, exchange_key(state), local_workers(count)
-      )
+      sent, left = self.compress(distance, residual, exchange_key(state), count)
       center, center_opt = self._move_center(state.center, state.center_opt, sent)
       if self.pull == Pull.RESET:
-        return self._reset(center, stepped, count), center, center_opt
+        return self._reset(center, stepped, count), center, center_opt, left
       # The worker pulls itself with its own exact difference; only what it
       # sends is compressed.
       alpha = self.hyper.moving_rate
       workers = jax.tree.map(lambda x, u, d: x + u - alpha * d, start, updates, distance)
-      return workers, center, center_opt
+      return workers, center, center_opt, left
 
     is_exchange = self.exchanges_after(state.step)
-    workers, center, center_opt = lax.cond(is_exchange, with_exchange, local_only)
+    workers, center, center_opt, residual = lax.cond(is_exchange, with_exchange, local_only)
+    worker_opt = {"inner": inner_state}
+    if residual is not None:
+      worker_opt["residual"] = residual
     new_state = state.replace(
       step=state.step + 1,
       workers=workers,
       center=center,
       center_opt=center_opt,
-      worker_opt={"inner": inner_state},
+      worker_opt=worker_opt,
       worker_steps=state.worker_steps + 1,
     )
     learning_rate = self.learning_rate(state.worker_steps)
@@ -246,7 +269,7 @@ class SyncEASGD(CenterRule):
   name = "sync_easgd"
   elastic = True
   pulls = (Pull.ELASTIC,)
-  reads = (*BASE_READS, *ELASTIC_READS)
+  reads = (*BASE_READS, *ELASTIC_READS, exchange.ERROR_FEEDBACK.path)
 
   def outer_settings(self):
     return None
@@ -283,7 +306,7 @@ class DiLoCo(CenterRule):
 
   name = "diloco"
   pulls = (Pull.RESET, Pull.ELASTIC)
-  reads = (*BASE_READS, *ELASTIC_READS, *OUTER_READS, PULL.path)
+  reads = (*BASE_READS, *ELASTIC_READS, *OUTER_READS, PULL.path, exchange.ERROR_FEEDBACK.path)
 
 
 class LocalSGD(CenterRule):
@@ -292,7 +315,12 @@ class LocalSGD(CenterRule):
 
   name = "local_sgd"
   pulls = (Pull.RESET,)
-  reads = (*BASE_READS, COMM_PERIOD.path, model_state.BATCH_STATS.path)
+  reads = (
+    *BASE_READS,
+    COMM_PERIOD.path,
+    model_state.BATCH_STATS.path,
+    exchange.ERROR_FEEDBACK.path,
+  )
 
   def outer_settings(self):
     return "sgd", 1.0, 0.0, False
@@ -312,6 +340,7 @@ class Lookahead(CenterRule):
     COMM_PERIOD.path,
     model_state.BATCH_STATS.path,
     OUTER_LEARNING_RATE.path,
+    exchange.ERROR_FEEDBACK.path,
   )
 
   def outer_settings(self):

@@ -34,11 +34,11 @@ from jax import lax
 
 from easgd.declare import Field, Shapes, integer, number
 from easgd.errors import ConfigError
-from easgd.rules import exchange, fragments, model_state, optimizers
+from easgd.rules import exchange, fragments, model_state
 from easgd.rules.base import BASE_READS, ELASTIC_READS, Pull
 from easgd.rules.optimizers import local_update, step_metrics
 from easgd.rules.outer import OUTER_READS, CenterRule
-from easgd.rules.spmd import exchange_key, local_workers, sum_over_workers
+from easgd.rules.spmd import exchange_key, sum_over_workers
 from easgd.rules.state import initial_state, stack_workers
 from easgd.sim import clocks
 
@@ -81,7 +81,6 @@ STREAMING_READS = (FRAGMENTS.path, SYNC_DELAY.path)
 class StreamingRule(CenterRule):
   """The streaming family: see the module docstring. Subclasses set the pull."""
 
-  exchange_dtypes = exchange.DTYPES  # int4 too: the low-bit outer exchanges
   declares = (FRAGMENTS, SYNC_DELAY, MERGE)
 
   @classmethod
@@ -120,7 +119,7 @@ class StreamingRule(CenterRule):
     # What is in flight: each fragment's total since its send (and, for the
     # elastic pull, each worker's own difference, which it pulls itself by).
     center_opt = {"outer": outer_states, "in_flight": jax.tree.map(jnp.zeros_like, params)}
-    worker_opt = {"inner": optimizers.init_workers(self.inner, workers)}
+    worker_opt = self.worker_opt(workers)
     if self.pull == Pull.ELASTIC:
       worker_opt["in_flight"] = jax.tree.map(jnp.zeros_like, workers)
     return initial_state(rng, params, center_opt, workers, worker_opt, count)
@@ -222,9 +221,12 @@ class StreamingRule(CenterRule):
       self.hyper.average_stats,
     )
     count = state.worker_steps.shape[0]
-    messages = exchange.compress_workers(
-      distance, self.hyper.exchange_dtype, exchange_key(state), local_workers(count)
-    )
+    residual = worker_opt.get("residual")
+    if residual is not None:
+      residual = parts.take(residual, f)
+    messages, left = self.compress(distance, residual, exchange_key(state), count)
+    if left is not None:
+      worker_opt = dict(worker_opt, residual=parts.put(worker_opt["residual"], f, left))
     total = sum_over_workers(messages, self.hyper.deterministic_sums)
     center_opt = dict(center_opt, in_flight=parts.put(center_opt["in_flight"], f, total))
     if self.pull == Pull.ELASTIC:
@@ -282,7 +284,14 @@ class StreamingDiLoCo(StreamingRule):
   name = "streaming_diloco"
   defaults = STREAMING_DEFAULTS
   pulls = (Pull.RESET,)
-  reads = (*BASE_READS, *ELASTIC_READS, *OUTER_READS, *STREAMING_READS, MERGE.path)
+  reads = (
+    *BASE_READS,
+    *ELASTIC_READS,
+    *OUTER_READS,
+    *STREAMING_READS,
+    MERGE.path,
+    exchange.ERROR_FEEDBACK.path,
+  )
 
 
 class StreamingEASGD(StreamingRule):
@@ -293,7 +302,7 @@ class StreamingEASGD(StreamingRule):
   defaults = STREAMING_DEFAULTS
   elastic = True
   pulls = (Pull.ELASTIC,)
-  reads = (*BASE_READS, *ELASTIC_READS, *STREAMING_READS)
+  reads = (*BASE_READS, *ELASTIC_READS, *STREAMING_READS, exchange.ERROR_FEEDBACK.path)
 
   def outer_settings(self):
     return None

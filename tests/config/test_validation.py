@@ -280,9 +280,21 @@ def test_another_configuration_is_named_before_the_revision(tmp_path):
   "overrides,message",
   [
     (
-      {"outer.exchange_dtype": "int4"},
-      "config.outer.exchange_dtype='int4' is invalid: sync_easgd sends float32, bfloat16, int8; "
-      "rules that send int4: streaming_diloco, streaming_easgd",
+      {"algorithm": "sync_sgd", "outer.exchange_dtype": "int4"},
+      "config.outer.exchange_dtype='int4' is invalid: sync_sgd sends float32, bfloat16, int8; "
+      "rules that send int4: sync_easgd, sync_measgd, diloco, local_sgd, lookahead, "
+      "streaming_diloco, streaming_easgd",
+    ),
+    (
+      {"algorithm": "diloco", "outer.error_feedback": True},
+      "config.outer.error_feedback=True is invalid: float32 exchanges drop nothing to feed "
+      "back: set outer.exchange_dtype to one that compresses (bfloat16, int8, int4, int2)",
+    ),
+    (
+      {"algorithm": "async_easgd", "outer.exchange_dtype": "int8", "outer.error_feedback": True},
+      "config.outer.error_feedback=True is invalid: async_easgd has no error feedback (leave "
+      "it False); rules that read it: sync_easgd, sync_measgd, diloco, local_sgd, lookahead, "
+      "streaming_diloco, streaming_easgd",
     ),
     (
       {"algorithm": "diloco", "outer.fragments": 2},
@@ -308,7 +320,7 @@ def test_another_configuration_is_named_before_the_revision(tmp_path):
     ),
   ],
 )
-def test_the_streaming_fields_are_refused_where_they_cannot_apply(overrides, message):
+def test_the_streaming_and_exchange_fields_are_refused_where_they_cannot_apply(overrides, message):
   with pytest.raises(ConfigError) as refused:
     validation.validate(config_with(overrides))
   assert str(refused.value).startswith(message)

@@ -13,10 +13,10 @@ from test_rules import ALPHA, ETA, make_problem, per_worker, run_rule
 
 import numpy_optim
 from easgd import rules
-from easgd.rules import exchange
+from easgd.rules import exchange, spmd
 from easgd.train import trainer
 from least_squares import numpy_grad
-from runs import small_config
+from runs import assert_stopped_and_resumed_ends_as_never_stopped, small_config
 
 
 def bfloat16_nearest_even(x):
@@ -33,8 +33,8 @@ def test_bfloat16_rounds_each_entry_to_the_nearest_even():
   np.testing.assert_array_equal(received, bfloat16_nearest_even(values).astype(np.float32))
 
 
-@pytest.mark.parametrize("dtype,levels", [("int8", 127), ("int4", 7)])
-def test_int8_and_int4_are_on_their_grid_within_one_step_and_unbiased(dtype, levels):
+@pytest.mark.parametrize("dtype,levels", [("int8", 127), ("int4", 7), ("int2", 1)])
+def test_the_integer_dtypes_are_on_their_grid_within_one_step_and_unbiased(dtype, levels):
   rng = np.random.default_rng(1)
   values = jnp.asarray(rng.normal(size=(6, 5)), jnp.float32)
   scale = float(jnp.max(jnp.abs(values))) / levels
@@ -66,6 +66,8 @@ def test_message_bytes_count_entries_and_scales():
   assert exchange.message_bytes(tree, "int8") == 18 + 4 * 2
   # Two int4 entries a byte, an odd count rounded up: 15 entries in 8 bytes, 3 in 2.
   assert exchange.message_bytes(tree, "int4") == 8 + 2 + 4 * 2
+  # Four int2 entries a byte: 15 entries in 4 bytes, 3 in 1.
+  assert exchange.message_bytes(tree, "int2") == 4 + 1 + 4 * 2
 
 
 @pytest.mark.parametrize("name,pull", [("sync_easgd", "elastic"), ("local_sgd", "reset")])
@@ -131,3 +133,126 @@ def test_the_bytes_a_run_reports_are_those_sent(tmp_path, algorithm):
   else:  # a request carries the worker's message; the float32 reply is the master's
     np.testing.assert_allclose(reported["float32", "each"], 4 * entries)
     np.testing.assert_allclose(reported["int8", "each"], int8)
+
+
+# Error feedback (docs/algorithms.md, "Compressed exchanges"): 4 workers, 7 steps.
+FEEDBACK_WORKERS = 4
+DILOCO_OUTER = dict(outer_learning_rate=0.7, outer_momentum=0.9, outer_nesterov=True)
+
+
+def stochastic(levels):
+  """Q of a message sent as int8, int4 or int2, from its equations: s = max|v|/levels
+  per tensor, q = clip(floor(v/s + U), -levels, levels), Q(v) = s*q, with the uniform
+  numbers U of the run's key, the step, the worker and the tensor (those the code
+  draws: the equations leave them to it)."""
+
+  def sent(v, t, i):
+    key = jax.random.fold_in(jax.random.PRNGKey(0), spmd.EXCHANGE_STREAM)
+    key = jax.random.fold_in(jax.random.fold_in(key, t), i)
+    names = sorted(v)  # the order of a dict's leaves
+    received = {}
+    for name, k in zip(names, jax.random.split(key, len(names)), strict=True):
+      noise = np.asarray(jax.random.uniform(k, v[name].shape, jnp.float32), np.float64)
+      scale = np.max(np.abs(v[name])) / levels
+      scale = scale if scale > 0 else 1.0
+      received[name] = scale * np.clip(np.floor(v[name] / scale + noise), -levels, levels)
+    return received
+
+  return sent
+
+
+def assert_within(actual, expected, rtol=1e-5, atol=1e-6):
+  """Every worker and the center after each step, within 1e-5 relative."""
+  for state, (workers, center) in zip(actual, expected, strict=True):
+    for key in center:
+      np.testing.assert_allclose(np.asarray(state.center[key]), center[key], rtol, atol)
+    for i, values in enumerate(workers):
+      for key in values:
+        np.testing.assert_allclose(np.asarray(state.workers[key][i]), values[key], rtol, atol)
+
+
+def assert_feedback_follows_its_equations(name, dtype, num_devices):
+  """diloco (tau = 3) or streaming_diloco (H = 4 in 2 fragments, each applied a step
+  after it is sent; the least-squares model has two layers), sending int4 or int2 with
+  error feedback, against numpy_optim's rules with a residual per worker."""
+  x0, batches = make_problem(num_workers=FEEDBACK_WORKERS)
+  worker_batches = [per_worker(b) for b in batches]
+  levels = exchange.LEVELS[dtype]
+  sent = numpy_optim.feedback(stochastic(levels), FEEDBACK_WORKERS)
+  outer = numpy_optim.sgd(0.7, mu=0.9, nesterov=True)
+  settings = dict(
+    num_workers=FEEDBACK_WORKERS, exchange_dtype=dtype, error_feedback=True, **DILOCO_OUTER
+  )
+  if name == "diloco":
+    actual = run_rule(name, hyper(**settings), x0, batches, num_devices)
+    expected = numpy_optim.center_family(
+      x0, worker_batches, numpy_grad, numpy_optim.sgd(ETA), TAU, "reset", outer, sent=sent
+    )
+  else:
+    streaming = dict(comm_period=4, fragments=2, sync_delay=1)
+    actual = run_rule(name, hyper(**settings, **streaming), x0, batches, num_devices)
+    expected = numpy_optim.streaming(
+      x0, worker_batches, numpy_grad, numpy_optim.sgd(ETA), 4, [["b"], ["w"]], delay=1,
+      pull="reset", outer=outer, sent=sent,
+    )  # fmt: skip
+  assert_within(actual, expected)
+  # What compression dropped is kept: each worker's residual is nonzero.
+  residual = actual[-1].worker_opt["residual"]
+  assert all(np.abs(residual[key][i]).max() > 0 for key in x0 for i in range(4))
+
+
+FEEDBACK_CASES = [
+  ("diloco", "int2"),
+  ("streaming_diloco", "int4"),
+  ("diloco", "int4"),
+  ("streaming_diloco", "int2"),
+]
+
+
+@pytest.mark.parametrize("name,dtype", tiers.first_quick(FEEDBACK_CASES, quick=2))
+def test_error_feedback_follows_its_equations(name, dtype):
+  assert_feedback_follows_its_equations(name, dtype, num_devices=2)
+
+
+def test_error_feedback_sends_what_the_messages_add_up_to_but_the_last_residual():
+  """sum_k Q(v_k + e_k) = sum_k v_k - e_K: nothing a worker's messages held is lost, and
+  each residual is within one step of int2's grid (|e| <= s = max|v + e|)."""
+  rng = np.random.default_rng(3)
+  messages = [{"v": jnp.asarray(rng.normal(size=(2, 5, 3)), jnp.float32)} for _ in range(6)]
+  residual = jax.tree.map(jnp.zeros_like, messages[0])
+  sent_total = jax.tree.map(jnp.zeros_like, messages[0])
+  for k, message in enumerate(messages):
+    total = message["v"] + residual["v"]
+    sent, residual = exchange.with_feedback(
+      message, residual, "int2", jax.random.PRNGKey(k), jnp.arange(2)
+    )
+    scales = jnp.max(jnp.abs(total), axis=(1, 2), keepdims=True)
+    assert bool(jnp.all(jnp.abs(residual["v"]) <= scales * (1 + 1e-6)))
+    sent_total = jax.tree.map(jnp.add, sent_total, sent)
+  every = np.sum([np.asarray(m["v"]) for m in messages], axis=0)
+  np.testing.assert_allclose(np.asarray(sent_total["v"]), every - residual["v"], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", tiers.first_quick(["diloco", "streaming_diloco"]))
+def test_error_feedback_with_float32_exchanges_is_none_bit_for_bit(name):
+  """Q the identity: e = (v + 0) - (v + 0) = 0 at every exchange, and the workers send v."""
+  x0, batches = make_problem(num_workers=FEEDBACK_WORKERS)
+  settings = dict(num_workers=FEEDBACK_WORKERS, fragments=2, sync_delay=1, comm_period=4)
+  if name == "diloco":
+    settings = dict(num_workers=FEEDBACK_WORKERS, **DILOCO_OUTER)
+  plain = run_rule(name, hyper(**settings), x0, batches, 2)
+  fed = run_rule(name, hyper(**settings, error_feedback=True), x0, batches, 2)
+  for a, b in zip(plain, fed, strict=True):
+    ours, theirs = jax.tree.leaves((a.center, a.workers)), jax.tree.leaves((b.center, b.workers))
+    for x, y in zip(ours, theirs, strict=True):
+      np.testing.assert_array_equal(x, y)
+    assert not any(np.any(leaf) for leaf in jax.tree.leaves(b.worker_opt["residual"]))
+
+
+@pytest.mark.e2e
+def test_a_run_with_error_feedback_resumes_bit_for_bit(tmp_path):
+  """Stopped after step 22 (its residuals from the exchanges of steps 4 to 20), then
+  resumed from that checkpoint: the residuals are in it."""
+  overrides = {"outer.moving_rate": 0.0, "outer.exchange_dtype": "int2"}
+  overrides |= {"outer.error_feedback": True, "run.checkpoint_every": 22}
+  assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "diloco", overrides, stop=22)
