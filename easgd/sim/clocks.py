@@ -194,7 +194,10 @@ class SyncClock(Clock):
 
   Between all-reduces each worker runs at its own pace; the all-reduce starts
   when the slowest worker arrives and ends `allreduce_time` later for all.
-  A tick's time is that of the latest worker.
+  A tick's time is that of the latest worker. `participants`: the workers of one
+  all-reduce, all of them by default; fewer for a rule whose workers average in
+  groups of that many at once (noloco's gossip), each group's all-reduce timed and
+  counted among its own members, behind the same barrier of all the workers.
   """
 
   def __init__(
@@ -206,9 +209,11 @@ class SyncClock(Clock):
     period: int,
     sent_bytes=None,
     exchanges_after: Callable[[int], bool] | None = None,
+    participants: int | None = None,
   ):
     super().__init__(cluster, num_workers, model_bytes, seed, sent_bytes)
     self.period = period
+    self.participants = participants or num_workers
     self.exchanges_after = exchanges_after or (lambda step: (step + 1) % period == 0)
     self.steps = 0
     self._worker_time = np.zeros(num_workers)
@@ -221,11 +226,11 @@ class SyncClock(Clock):
     requests = np.zeros(self.num_workers, np.int64)
     bytes_sent = np.zeros(self.num_workers)
     size = self._sent_at_this_step()
-    if size is not None and self.num_workers > 1:
-      allreduce = self.cluster.allreduce_time(size, self.num_workers)
+    if size is not None and self.participants > 1:
+      allreduce = self.cluster.allreduce_time(size, self.participants)
       self._all_reduced(self._worker_time.max() + allreduce)
       requests[:] = 1
-      bytes_sent[:] = allreduce_bytes(size, self.num_workers)
+      bytes_sent[:] = allreduce_bytes(size, self.participants)
     self._apply_arrivals()
     local = np.ones(self.num_workers, bool)
     return Tick(float(self._worker_time.max()), local, [], [], [], requests, bytes_sent)
@@ -252,7 +257,9 @@ class SyncClock(Clock):
 
   def peak_bytes_per_step(self) -> float:
     """The most bytes a worker sends in one step: one all-reduce of the model."""
-    return allreduce_bytes(self.model_bytes, self.num_workers) if self.num_workers > 1 else 0.0
+    if self.participants == 1:
+      return 0.0
+    return allreduce_bytes(self.model_bytes, self.participants)
 
 
 class StreamingClock(SyncClock):

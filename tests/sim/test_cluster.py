@@ -79,6 +79,23 @@ def test_sync_clock_waits_for_the_slowest_worker_at_every_all_reduce():
   assert restored.next_tick().to_dict() == clock.next_tick().to_dict()
 
 
+def test_a_gossip_all_reduces_among_its_group_behind_the_barrier_of_all():
+  """participants=2 of 4 workers: each all-reduce is timed and counted as one of two
+  workers (noloco's pairs), after the slowest of all four has arrived."""
+  clock = clocks.SyncClock(TIMING, 4, MODEL_BYTES, seed=0, period=3, participants=2)
+  means = TIMING.mean_step_times(4)
+  workers = np.zeros(4)
+  for step in range(6):
+    tick = clock.next_tick()
+    workers += [TIMING.step_time(means[i], 0, i, step) for i in range(4)]
+    if (step + 1) % 3 == 0:
+      workers[:] = workers.max() + TIMING.allreduce_time(MODEL_BYTES, 2)
+      np.testing.assert_allclose(tick.bytes_sent, timing.allreduce_bytes(MODEL_BYTES, 2))
+    assert tick.time == pytest.approx(workers.max())
+  assert clock.peak_bytes_per_step() == timing.allreduce_bytes(MODEL_BYTES, 2)
+  np.testing.assert_array_equal(clock.requests, [2, 2, 2, 2])
+
+
 @pytest.mark.parametrize("policy,exchange_first,period", POLICIES)
 def test_ticks_are_well_formed(policy, exchange_first, period):
   clock = async_clock(policy, exchange_first, period)
