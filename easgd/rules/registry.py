@@ -8,6 +8,7 @@ line to the import, one module a line.
 from easgd.declare import Field, unique
 from easgd.rules import (
   async_local,
+  noloco,
   outer,
   parameter_server,
   post_local,
@@ -38,6 +39,7 @@ RULES: dict[str, type[Rule]] = {
     streaming.StreamingDiLoCo,
     streaming.StreamingEASGD,
     post_local.PostLocalSGD,
+    noloco.NoLoCo,
   )
 }
 

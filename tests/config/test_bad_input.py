@@ -90,6 +90,9 @@ FIELDS = {
     lambda v: _integer(v) and 0 <= v < 600,
     {"algorithm": "post_local_sgd"},
   ),
+  # NoLoCo's groups divide the default 8 workers; its pull is any finite kappa >= 0.
+  "outer.group_size": (lambda v: _integer(v) and v in (1, 2, 4, 8), {"algorithm": "noloco"}),
+  "outer.consensus": (finite_at_least(0), {"algorithm": "noloco"}),
   "pipeline.models": (integer_at_least(1), {"algorithm": "pipeline"}),
   "pipeline.stage_steps": (integer_at_least(1), {"algorithm": "pipeline"}),
   "cluster.compute_time": (finite_at_least(0, inclusive=False), {}),
@@ -165,6 +168,7 @@ ALWAYS = {
   "outer.sync_delay": integer_at_least(0),
   "outer.momentum_period": integer_at_least(1),
   "outer.switch_step": lambda v: _integer(v) and 0 <= v < 2**31,
+  "outer.group_size": integer_at_least(1),
 }
 # A valid config for each algorithm: the momentum rules need a momentum.
 ALGORITHMS = {
