@@ -168,6 +168,14 @@ class CenterRule(Rule):
       return exchange.compress_workers(messages, dtype, key, workers), None
     return exchange.with_feedback(messages, residual, dtype, key, workers)
 
+  def local_step(self, state, start, updates, inner_state):
+    """(u_i, the inner state after it): each local worker's step from `start` (x_i, or
+    EAMSGD's look-ahead point) and its inner optimizer's state, given the inner
+    optimizer's `updates` and `inner_state` for the step. The family's is the inner
+    optimizer's own; a member whose workers step otherwise (palsgd's pulls) says so here."""
+    del state, start
+    return updates, inner_state
+
   def _move_center(self, center, center_opt, sent):
     """x~ and its optimizer state after an exchange whose messages are `sent` (x_i - x~)."""
     total = sum_over_workers(sent, self.hyper.deterministic_sums)
@@ -211,6 +219,7 @@ class CenterRule(Rule):
     updates, inner_state, _, loss, aux = local_update(
       self.inner, state.workers, state.worker_opt["inner"], batch, loss_fn, at=start
     )
+    updates, inner_state = self.local_step(state, start, updates, inner_state)
     count = state.worker_steps.shape[0]
     # The residuals of error feedback (None without it): changed by an exchange only.
     residual = state.worker_opt.get("residual")
