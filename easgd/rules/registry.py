@@ -10,6 +10,7 @@ from easgd.rules import (
   async_local,
   noloco,
   outer,
+  palsgd,
   parameter_server,
   post_local,
   streaming,
@@ -40,6 +41,7 @@ RULES: dict[str, type[Rule]] = {
     streaming.StreamingEASGD,
     post_local.PostLocalSGD,
     noloco.NoLoCo,
+    palsgd.PALSGD,
   )
 }
 

@@ -93,6 +93,9 @@ FIELDS = {
   # NoLoCo's groups divide the default 8 workers; its pull is any finite kappa >= 0.
   "outer.group_size": (lambda v: _integer(v) and v in (1, 2, 4, 8), {"algorithm": "noloco"}),
   "outer.consensus": (finite_at_least(0), {"algorithm": "noloco"}),
+  # PALSGD's p in [0, 1); its pull rate any finite rate > 0 (p = 0 here: no pull to bound).
+  "outer.pull_probability": (fraction(), {"algorithm": "palsgd"}),
+  "outer.pull_rate": (finite_at_least(0, inclusive=False), {"algorithm": "palsgd"}),
   "pipeline.models": (integer_at_least(1), {"algorithm": "pipeline"}),
   "pipeline.stage_steps": (integer_at_least(1), {"algorithm": "pipeline"}),
   "cluster.compute_time": (finite_at_least(0, inclusive=False), {}),
