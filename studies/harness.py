@@ -6,8 +6,10 @@ read back from them, and the table it prints.
 
 import ast
 import contextlib
+import datetime
 import logging
 import os
+import re
 import sys
 
 import jax
@@ -158,3 +160,48 @@ def final(curves: dict, tag: str) -> float:
   """A tag's last logged value."""
   values = dict(curves[tag])
   return values[max(values)]
+
+
+def table_parts(path: str) -> tuple[list[str], list[str], list[str]]:
+  """A study's table in `path` as (its lines through the header's |---| line, its rows,
+  the lines after them)."""
+  with open(path) as table:
+    lines = table.read().splitlines()
+  start = next(n for n, line in enumerate(lines) if line.startswith("|---")) + 1
+  end = start
+  while end < len(lines) and lines[end].startswith("| "):
+    end += 1
+  return lines[:start], lines[start:end], lines[end:]
+
+
+def budgets_of(head: list[str]) -> list[float]:
+  """The budgets a table's header reads its runs at: the X of each "acc. at X sim s" and
+  "acc. at X MB", in order."""
+  return [float(value) for value in re.findall(r"acc\. at ([\d.]+) (?:sim s|MB)", head[-2])]
+
+
+def add_rows(path: str, rows: dict[tuple[str, ...], str], command: str, note: str) -> None:
+  """Writes `rows` (the cells that name a row -> its line) into the table in `path`: each
+  in place of the row of the same name, or after the others; the other rows stay as they
+  are. Below the table a note says which rows `command` put in on which day, and
+  `note`; it replaces the note of an earlier run of the same command."""
+  head, old, tail = table_parts(path)
+  width = len(next(iter(rows)))
+  merged, left = [], dict(rows)
+  for line in old:
+    key = tuple(cell.strip() for cell in line.strip("|").split("|")[:width])
+    merged.append(left.pop(key, line))
+  merged += left.values()
+  by = f"put in by `{command}`"
+  names = ", ".join(" ".join(name) for name in rows)
+  said = f"Rows {by} on {today()}: {names}; {note}"
+  tail = [line for line in tail if by not in line]
+  while tail and not tail[-1]:
+    tail.pop()
+  with open(path, "w") as table:
+    table.write("\n".join([*head, *merged, *tail, "", said]) + "\n")
+
+
+def today() -> str:
+  """Today's date (UTC), as a note of rows added to a table names it."""
+  return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")

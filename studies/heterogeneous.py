@@ -2,7 +2,8 @@
 to 95% center accuracy, and the accuracy at a fixed simulated time.
 
     python studies/heterogeneous.py --workdir runs/heterogeneous [--total_steps 600]
-        [--seeds 3] [--runs async_easgd,async_local_sgd-DN,...] [--set FIELD=VALUE ...]
+        [--seeds 3] [--runs async_easgd,async_local_sgd-DN,...] [--add_to_table]
+        [--set FIELD=VALUE ...]
         [--parallel N [--point_cpus C] [--point_gpus G] [--ray_address HOST:PORT]]
 
 --parallel N trains N runs at a time, each a Ray task in a process of its own
@@ -20,6 +21,11 @@ seconds).
 at or before the simulated second where the first of the runs ended; "time to
 95%" is the simulated second of a seed's first evaluation at or above 0.95,
 averaged over the seeds that reached it.
+
+--add_to_table puts the rows of --runs into the table already in --docs instead,
+read at that table's fixed time, each in place of the row of the same run; its
+other rows stay, a note below the table names the command and the date, and the
+plot of these runs alone goes to docs/heterogeneous_added.png.
 """
 
 import os
@@ -29,7 +35,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from easgd import arguments, executor  # noqa: E402
+from easgd import arguments, executor, rules  # noqa: E402
 from easgd.config import validation  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.errors import ConfigError  # noqa: E402
@@ -69,6 +75,12 @@ RUNS = {
   "async_local_sgd-DN": ("async_local_sgd", DELAYED),
   "async_local_sgd-DyLU": ("async_local_sgd", {**NESTEROV_EVERY_PUSH, **DYLU}),
   "async_local_sgd-DN-DyLU": ("async_local_sgd", {**DELAYED, **DYLU}),
+  # PALSGD at its own defaults (p = 0.2, eta_pull = 0.5: a pull moves a quarter of the
+  # way to the center), with diloco's outer optimizer.
+  "palsgd": ("palsgd", {"outer.pull_probability": 0.2, "outer.pull_rate": 0.5}),
+  # NoLoCo at its own defaults: its reference code's outer SGD (0.7, heavy-ball 0.5),
+  # in random pairs.
+  "noloco": ("noloco", {"outer.momentum": 0.5, "outer.nesterov": False}),
 }
 
 
@@ -110,6 +122,23 @@ def time_to_target(runs: list[dict]) -> tuple[float | None, int]:
   return sum(time for time, _ in reached) / len(reached), len(reached)
 
 
+def row(run: str, curves: dict, to_target, seeds: int, time_budget: float) -> str:
+  """The table's line of `run`: its mean curves, its (time to 0.95, seeds that reached it)."""
+  seconds, reached = to_target
+  if seconds is None:
+    to_target = f"not reached (0/{seeds})"
+  else:
+    note = "" if reached == seeds else f" ({reached}/{seeds} seeds)"
+    to_target = f"{seconds:.2f}{note}"
+  return (
+    f"| {run} | {to_target} | {harness.at_budget(curves, 'sim/time', time_budget):.3f} "
+    f"| {harness.final(curves, 'eval/center_accuracy'):.3f} "
+    f"| {harness.final(curves, 'sim/time'):.2f} "
+    f"| {harness.final(curves, 'sim/worker_steps_mean'):.0f} "
+    f"| {harness.final(curves, 'comm/bytes_per_worker') / 1e6:.2f} |"
+  )
+
+
 def write_table(rows, path, command, args, time_budget):
   lines = [
     "# The asynchronous and synchronous rules on heterogeneous workers",
@@ -118,25 +147,15 @@ def write_table(rows, path, command, args, time_budget):
     "steps (ticks) each, the default config's timing model (10 ms steps, 10% jitter, "
     "1 Gbit/s links, a 1 ms master) with worker 6 twice and worker 7 four times as slow as "
     "worker 0 (the others spread between), tau = H = 4. Recipes in studies/heterogeneous.py. "
-    f"Means over {args.seeds} seeds; accuracy is the center's on the 1,000 test digits.",
+    f"Means over {args.seeds} seeds; accuracy is the center's on the 1,000 test digits "
+    "(noloco's: the mean of its workers' outer weights).",
     "",
     f"| run | time to 0.95 (sim s) | acc. at {time_budget:.2f} sim s | final acc. "
     "| final sim s | mean local steps | MB sent per worker |",
     "|---|---|---|---|---|---|---|",
   ]
-  for run, (curves, (seconds, reached)) in rows.items():
-    if seconds is None:
-      to_target = f"not reached (0/{args.seeds})"
-    else:
-      note = "" if reached == args.seeds else f" ({reached}/{args.seeds} seeds)"
-      to_target = f"{seconds:.2f}{note}"
-    lines.append(
-      f"| {run} | {to_target} | {harness.at_budget(curves, 'sim/time', time_budget):.3f} "
-      f"| {harness.final(curves, 'eval/center_accuracy'):.3f} "
-      f"| {harness.final(curves, 'sim/time'):.2f} "
-      f"| {harness.final(curves, 'sim/worker_steps_mean'):.0f} "
-      f"| {harness.final(curves, 'comm/bytes_per_worker') / 1e6:.2f} |"
-    )
+  for run, (curves, to_target) in rows.items():
+    lines.append(row(run, curves, to_target, args.seeds, time_budget))
   with open(path, "w") as table:
     table.write("\n".join(lines) + "\n")
 
@@ -146,7 +165,7 @@ def plot(rows, path, title, time_budget):
   for n, (run, (curves, _)) in enumerate(rows.items()):
     accuracy, time = dict(curves["eval/center_accuracy"]), dict(curves["sim/time"])
     steps = sorted(accuracy)
-    style = "--" if RUNS[run][0] in ("sync_easgd", "diloco") else "-"
+    style = "-" if rules.RULES[RUNS[run][0]].parameter_server() else "--"
     color = plt.get_cmap("tab10").colors[n % 10]
     axes.plot([time[s] for s in steps], [accuracy[s] for s in steps], style, color=color, label=run)
   axes.axvline(time_budget, color="grey", linewidth=0.8)
@@ -167,9 +186,18 @@ def main():
   parser.add_argument("--total_steps", type=arguments.integer(1), default=600)
   parser.add_argument("--seeds", type=arguments.integer(1), default=3)
   parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated runs (RUNS)")
+  parser.add_argument(
+    "--add_to_table",
+    action="store_true",
+    help="put these runs' rows into the table in --docs, read at its fixed time",
+  )
   executor.add_arguments(parser)
   args = parser.parse_args()
-  harness.check_outputs(args.docs, "heterogeneous", "heterogeneous_table.md", "heterogeneous.png")
+  table = os.path.join(args.docs, "heterogeneous_table.md")
+  plot_name = "heterogeneous_added.png" if args.add_to_table else "heterogeneous.png"
+  harness.check_outputs(args.docs, "heterogeneous", "heterogeneous_table.md", plot_name)
+  if args.add_to_table and not os.path.isfile(table):
+    arguments.fail(f"--add_to_table: no table {table!r} to add rows to; run the study without it")
   harness.quiet()
   chosen = args.runs.split(",")
   try:
@@ -195,11 +223,25 @@ def main():
   for run in chosen:
     runs = [scalars.read(workdir_of(args, run, seed)) for seed in range(args.seeds)]
     rows[run] = (harness.mean_curves(runs), time_to_target(runs))
+  title = f"LeNet-5 on mnist5k, 8 heterogeneous workers (mean of {args.seeds} seeds)"
+  if args.add_to_table:
+    (time_budget,) = harness.budgets_of(harness.table_parts(table)[0])
+    lines = {
+      (run,): row(run, curves, to_target, args.seeds, time_budget)
+      for run, (curves, to_target) in rows.items()
+    }
+    note = (
+      "read at the same time, their recipes in studies/heterogeneous.py (RUNS); the other "
+      "rows come from the command of the first line. The plot of these rows is "
+      "heterogeneous_added.png."
+    )
+    harness.add_rows(table, lines, harness.command("heterogeneous"), note)
+    plot(rows, os.path.join(args.docs, plot_name), title + ", the rows added", time_budget)
+    harness.print_table(table)
+    return
   time_budget = min(harness.final(curves, "sim/time") for curves, _ in rows.values())
   os.makedirs(args.docs, exist_ok=True)
-  table = os.path.join(args.docs, "heterogeneous_table.md")
   write_table(rows, table, harness.command("heterogeneous"), args, time_budget)
-  title = f"LeNet-5 on mnist5k, 8 heterogeneous workers (mean of {args.seeds} seeds)"
   plot(rows, os.path.join(args.docs, "heterogeneous.png"), title, time_budget)
   harness.print_table(table)
 

@@ -158,8 +158,16 @@ RUNS = {
     {"faults_table.md": r"^\| SIGTERM to the only process \| .* \| bitwise equal \|$"},
   ),
   "studies/outer.py": (
-    ("--workdir={tmp}/runs", "--docs={tmp}", "--total_steps=25", "--seeds=1", "--runs=diloco", MLP),
-    r"^\| diloco \| int8 \| .* \| [\d.]+ \| [\d.]+ \|$",
+    (
+      "--workdir={tmp}/runs",
+      "--docs={tmp}",
+      "--total_steps=25",
+      "--seeds=1",
+      "--runs=diloco",
+      "--feedback=",  # the compressed runs of the best run alone: bfloat16, int8, int4
+      MLP,
+    ),
+    r"^\| diloco \| int4 \| .* \| [\d.]+ \| [\d.]+ \|$",
     {"outer_table.md": None, "outer.png": None},
   ),
   "studies/processes.py": (

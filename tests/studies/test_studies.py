@@ -10,7 +10,7 @@ import runs
 from easgd import arguments, assembly
 from easgd.config import validation
 from easgd.sim import timing
-from easgd.studies import asynchrony, faults, heterogeneous, processes, scaling
+from easgd.studies import asynchrony, faults, harness, heterogeneous, processes, scaling
 
 REPO = pathlib.Path(runs.REPO)
 
@@ -172,3 +172,25 @@ def test_the_asynchrony_table_marks_a_rule_with_no_evaluation_within_the_common_
   asynchrony.write_table([row], path, "python studies/asynchrony.py", 0.3, 25, {})
   assert "| async_easgd | " in path.read_text()
   assert "| - | 0.500 | 0.40 | 25 | 1.0 |  |" in path.read_text()
+
+
+def test_rows_put_into_a_table_replace_their_namesakes_and_keep_the_others(tmp_path):
+  """--add_to_table: a run's row in place of the row of the same name, a new one after the
+  others, the budgets read from the header, one note per command however often it runs."""
+  path = tmp_path / "table.md"
+  path.write_text(
+    "# A study\n\nMade by `python studies/outer.py`: ...\n\n"
+    "| run | exchange | acc. at 6.02 sim s | acc. at 27.0 MB |\n|---|---|---|---|\n"
+    "| a | float32 | 0.1 | 0.2 |\n| b | int8 | 0.3 | 0.4 |\n"
+  )
+  head, rows, tail = harness.table_parts(str(path))
+  assert harness.budgets_of(head) == [6.02, 27.0] and len(rows) == 2 and tail == []
+  new = {("b", "int8"): "| b | int8 | 0.5 | 0.6 |", ("c", "int2+EF"): "| c | int2+EF | 0.7 | 0.8 |"}
+  for _ in range(2):
+    harness.add_rows(str(path), new, "python studies/outer.py --add_to_table", "as before.")
+  head, rows, tail = harness.table_parts(str(path))
+  assert rows == ["| a | float32 | 0.1 | 0.2 |", new["b", "int8"], new["c", "int2+EF"]]
+  assert [line for line in tail if line] == [
+    f"Rows put in by `python studies/outer.py --add_to_table` on {harness.today()}: "
+    "b int8, c int2+EF; as before."
+  ]
