@@ -126,9 +126,9 @@ class AsyncLocalSGD(ParameterServerRule):
     # Every worker starts from the center: its first anchor.
     return state.replace(worker_opt=dict(state.worker_opt, anchor=state.workers))
 
-  def serve_read(self, carry, j, key, locked: bool):
+  def serve_read(self, carry, j, key, locked: bool, staleness=0):
     """Worker j's push and fetch (see the class docstring), under the lock."""
-    del locked  # fcfs: always
+    del locked, staleness  # fcfs: always; Delayed Nesterov does not read it
     center, center_opt, shared = carry
     hyper = self.hyper
     x, anchor = row(shared["workers"], j), row(shared["anchor"], j)

@@ -195,14 +195,18 @@ class ParameterServerRule(Rule):
     shift, updates = deferred
     return jax.tree.map(jnp.add, shifted(base, shift), updates)
 
-  def serve_read(self, carry, j, key, locked: bool):
+  def serve_read(self, carry, j, key, locked: bool, staleness=0):
     """Request of worker j; locked: READ and WRITE at once. `key` draws the
-    compression of what the request sends (easgd.rules.exchange).
+    compression of what the request sends (easgd.rules.exchange); `staleness`: the
+    master updates by other workers since worker j last read (Tick.staleness, an
+    int32 the clock or the runtime measured), for a rule whose operation depends
+    on it (none of these does).
 
     carry = (center, center_opt, shared): `shared` holds rows of the workers'
     fields ("workers", "worker_steps" after this tick's steps, and the request
     fields); the tick program passes all P rows, the threads runtime the one
     row of the requesting worker (j = 0)."""
+    del staleness
     center, center_opt, shared = carry
     dtype = self.hyper.exchange_dtype
     if self.elastic:
@@ -264,13 +268,14 @@ class ParameterServerRule(Rule):
     def operation(n, carry):
       j = tick["op_worker"][n]
       op_key = jax.random.fold_in(key, n)
+      staleness = tick["op_staleness"][n]
 
       def request(carry):
         if self.policy != clocks.Policy.HOGWILD:
-          return self.serve_read(carry, j, op_key, locked=True)
+          return self.serve_read(carry, j, op_key, locked=True, staleness=staleness)
         return lax.cond(
           tick["op_kind"][n] == ticks.OpKind.READ,
-          lambda: self.serve_read(carry, j, op_key, locked=False),
+          lambda: self.serve_read(carry, j, op_key, locked=False, staleness=staleness),
           lambda: self.serve_write(carry, j),
         )
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from easgd.sim.events import TickPacker
 from easgd.sim.ticks import OpKind, Tick
-from easgd.sim.timing import Cluster, allreduce_bytes
+from easgd.sim.timing import Cluster, Exchange
 
 
 class Policy(enum.StrEnum):
@@ -110,10 +110,20 @@ class RunTotals:
     self.worker_steps = np.zeros(num_workers, np.int64)
     self.requests = np.zeros(num_workers, np.int64)
     self.bytes_sent = np.zeros(num_workers)
+    # The part of bytes_sent that crossed groups (easgd.sim.timing's two-level network).
+    self.bytes_between = np.zeros(num_workers)
+    # Exchange rounds of each level (Tick.levels).
+    self.level_exchanges: list[int] = []
     # Workers whose process left the run for good (runtime=ray's
     # cluster.on_worker_loss=continue, and the replay of its trace).
     self.gone: list[int] = []
     self.window = LogWindow(self.worker_steps)
+
+  def count_levels(self, levels: list[int]) -> None:
+    """Adds a tick's exchange rounds of each level (Tick.levels)."""
+    for level in levels:
+      self.level_exchanges += [0] * (level + 1 - len(self.level_exchanges))
+      self.level_exchanges[level] += 1
 
   def live_workers(self) -> int:
     return len(self.worker_steps) - len(self.gone)
@@ -127,6 +137,10 @@ class RunTotals:
       "bytes_sent": self.bytes_sent.tolist(),
       "gone": list(self.gone),
       "window": self.window.state_dict(),
+      # Only where something crossed groups or a level was counted: a flat run's
+      # clock state is what it was before the two-level network.
+      **({"bytes_between": self.bytes_between.tolist()} if self.bytes_between.any() else {}),
+      **({"level_exchanges": list(self.level_exchanges)} if self.level_exchanges else {}),
     }
 
   def load_state_dict(self, state: dict) -> None:
@@ -135,6 +149,11 @@ class RunTotals:
     self.worker_steps = np.array(state["worker_steps"], np.int64)
     self.requests = np.array(state["requests"], np.int64)
     self.bytes_sent = np.array(state["bytes_sent"], np.float64)
+    between = state.get("bytes_between")
+    self.bytes_between = (
+      np.zeros_like(self.bytes_sent) if between is None else np.array(between, np.float64)
+    )
+    self.level_exchanges = [int(n) for n in state.get("level_exchanges", ())]
     self.gone = [int(j) for j in state.get("gone", ())]
     if "window" in state:
       self.window.load_state_dict(state["window"])
@@ -179,6 +198,9 @@ class Clock(RunTotals, abc.ABC):
     self.worker_steps += tick.local
     self.requests += tick.requests
     self.bytes_sent += tick.bytes_sent
+    if tick.bytes_between is not None:
+      self.bytes_between += tick.bytes_between
+    self.count_levels(tick.levels)
     self.gone += tick.left
     return tick
 
@@ -189,11 +211,15 @@ class Clock(RunTotals, abc.ABC):
 
 class SyncClock(Clock):
   """All workers take their steps together; every `period`-th step ends with a
-  barrier and a ring all-reduce (or each step for which `exchanges_after(steps
+  barrier and an all-reduce (or each step for which `exchanges_after(steps
   taken before it)` says so, when the rule decides: `Rule.exchanges_after`).
+  A rule of several levels (`Rule.levels`) names the levels whose exchange ends
+  each step (`level_exchanges`), each an all-reduce among its blocks of workers
+  (`timing.Exchange`) on the links it crosses (`Cluster.exchange`), one after
+  another.
 
   Between all-reduces each worker runs at its own pace; the all-reduce starts
-  when the slowest worker arrives and ends `allreduce_time` later for all.
+  when the slowest worker arrives and ends its time later for all.
   A tick's time is that of the latest worker.
   """
 
@@ -206,10 +232,14 @@ class SyncClock(Clock):
     period: int,
     sent_bytes=None,
     exchanges_after: Callable[[int], bool] | None = None,
+    levels: Sequence[Exchange] = (Exchange(),),
+    level_exchanges: Callable[[int], Sequence[bool]] | None = None,
   ):
     super().__init__(cluster, num_workers, model_bytes, seed, sent_bytes)
     self.period = period
     self.exchanges_after = exchanges_after or (lambda step: (step + 1) % period == 0)
+    self.levels = tuple(levels)
+    self.level_exchanges_after = level_exchanges or (lambda step: (self.exchanges_after(step),))
     self.steps = 0
     self._worker_time = np.zeros(num_workers)
 
@@ -220,19 +250,40 @@ class SyncClock(Clock):
       self._worker_time[i] += self._step_time(i, step)
     requests = np.zeros(self.num_workers, np.int64)
     bytes_sent = np.zeros(self.num_workers)
-    size = self._sent_at_this_step()
-    if size is not None and self.num_workers > 1:
-      allreduce = self.cluster.allreduce_time(size, self.num_workers)
-      self._all_reduced(self._worker_time.max() + allreduce)
-      requests[:] = 1
-      bytes_sent[:] = allreduce_bytes(size, self.num_workers)
+    bytes_between = np.zeros(self.num_workers)
+    rounds = []
+    exchanges = self._exchanges_at_this_step()
+    if exchanges and self.num_workers > 1:
+      seconds = 0.0
+      for level, size in exchanges:
+        time, sent, between = self.cluster.exchange(
+          size, self.num_workers, self.levels[level].block, self.levels[level].unit
+        )
+        seconds += time
+        bytes_sent += sent
+        bytes_between += between
+        requests += 1
+        if len(self.levels) > 1:
+          rounds.append(level)
+      self._all_reduced(self._worker_time.max() + seconds)
     self._apply_arrivals()
     local = np.ones(self.num_workers, bool)
-    return Tick(float(self._worker_time.max()), local, [], [], [], requests, bytes_sent)
+    return Tick(
+      float(self._worker_time.max()),
+      local,
+      [],
+      [],
+      [],
+      requests,
+      bytes_sent,
+      bytes_between=bytes_between if bytes_between.any() else None,
+      levels=rounds,
+    )
 
-  def _sent_at_this_step(self) -> float | None:
-    """The bytes all-reduced at the end of this step (`self.steps` done), or None."""
-    return self.model_bytes if self.exchanges_after(self.steps - 1) else None
+  def _exchanges_at_this_step(self) -> list[tuple[int, float]]:
+    """(level, bytes) of each all-reduce at the end of this step (`self.steps` done)."""
+    fired = self.level_exchanges_after(self.steps - 1)
+    return [(level, self.model_bytes) for level, fires in enumerate(fired) if fires]
 
   def _all_reduced(self, end: float) -> None:
     """An all-reduce that started when the slowest worker arrived ends at `end`: every
@@ -251,8 +302,22 @@ class SyncClock(Clock):
     self._worker_time = np.array(state["worker_time"], np.float64)
 
   def peak_bytes_per_step(self) -> float:
-    """The most bytes a worker sends in one step: one all-reduce of the model."""
-    return allreduce_bytes(self.model_bytes, self.num_workers) if self.num_workers > 1 else 0.0
+    """The most bytes a worker sends in one step: an all-reduce of the model; for a
+    rule of several levels, of the levels that end one step together (those of its
+    first 4096 steps)."""
+    if self.num_workers == 1:
+      return 0.0
+    sent = [
+      self.cluster.exchange(self.model_bytes, self.num_workers, level.block, level.unit)[1]
+      for level in self.levels
+    ]
+    if len(sent) == 1:
+      return float(sent[0].max())
+    together = {tuple(bool(f) for f in self.level_exchanges_after(step)) for step in range(4096)}
+    return max(
+      float(sum((bytes_ for bytes_, f in zip(sent, fired, strict=True) if f), np.zeros(1)).max())
+      for fired in together
+    )
 
 
 class StreamingClock(SyncClock):
@@ -270,11 +335,11 @@ class StreamingClock(SyncClock):
     # Step count at which a result is applied -> the time its all-reduce ends.
     self._arrivals: dict[int, float] = {}
 
-  def _sent_at_this_step(self) -> float | None:
+  def _exchanges_at_this_step(self) -> list[tuple[int, float]]:
     """Fragment f's bytes when (t - f*period/F) mod period == 0, t = `self.steps`."""
     spacing = self.period // len(self.fragment_bytes)
     phase = self.steps % self.period
-    return self.fragment_bytes[phase // spacing] if phase % spacing == 0 else None
+    return [(0, self.fragment_bytes[phase // spacing])] if phase % spacing == 0 else []
 
   def _all_reduced(self, end: float) -> None:
     # The workers go on; they wait for it when its result is applied.
@@ -296,7 +361,7 @@ class StreamingClock(SyncClock):
     """The most bytes a worker sends in one step: one all-reduce of the largest fragment."""
     if self.num_workers == 1:
       return 0.0
-    return allreduce_bytes(max(self.fragment_bytes), self.num_workers)
+    return float(self.cluster.exchange(max(self.fragment_bytes), self.num_workers)[1].max())
 
 
 class AsyncClock(Clock):
@@ -346,7 +411,9 @@ class AsyncClock(Clock):
       self.periods = [operator.index(period)] * num_workers
     self.policy = policy
     self.exchange_first = exchange_first
-    self.message = cluster.message_time(model_bytes)
+    # Each worker's one message to its server, inside its group or between groups.
+    self._between = [self._reaches_server_between(j) for j in range(num_workers)]
+    self.messages = [self._message_time(model_bytes, between) for between in self._between]
     self.service = cluster.service_time(model_bytes)
     self._heap: list[tuple[float, _Event, int]] = []
     self._begun = [0] * num_workers  # steps begun by each worker
@@ -359,6 +426,15 @@ class AsyncClock(Clock):
     for worker in range(num_workers):
       self._begin_step(worker, 0.0)
 
+  def _reaches_server_between(self, worker: int) -> bool:
+    """Whether `worker`'s messages to its server cross groups (the servers are in
+    cluster.server_group)."""
+    return self.cluster.reaches_servers_between(worker, self.num_workers)
+
+  def _message_time(self, num_bytes: float, between: bool) -> float:
+    latency, bandwidth = self.cluster.link(between)
+    return latency + num_bytes / bandwidth
+
   # The simulation.
 
   def _push(self, time: float, kind: _Event, worker: int) -> None:
@@ -368,7 +444,7 @@ class AsyncClock(Clock):
     step = self._begun[worker]
     self._begun[worker] += 1
     if self.exchange_first and (step + 1) % self.periods[worker] == 0:
-      self._push(time + self.message, _Event.ARRIVE, worker)
+      self._push(time + self.messages[worker], _Event.ARRIVE, worker)
     else:
       self._push(time + self._step_time(worker, step), _Event.DONE, worker)
 
@@ -382,7 +458,16 @@ class AsyncClock(Clock):
 
   def _read(self, worker: int, time: float, op: OpKind, wait: float) -> None:
     staleness, self._missed[worker] = self._missed[worker], 0
-    self._ticks.emit(time, worker, self.exchange_first, op, staleness, wait, self.sent_bytes)
+    self._ticks.emit(
+      time,
+      worker,
+      self.exchange_first,
+      op,
+      staleness,
+      wait,
+      self.sent_bytes,
+      between=self._between[worker],
+    )
 
   def _written(self, worker: int) -> None:
     for other in range(self.num_workers):
@@ -395,7 +480,7 @@ class AsyncClock(Clock):
     self._master_free = start + self.service
     self._read(worker, start, OpKind.EXCHANGE, wait=start - arrival)
     self._written(worker)
-    self._after_reply(worker, self._master_free + self.message)
+    self._after_reply(worker, self._master_free + self.messages[worker])
 
   def _handle(self, time: float, kind: _Event, worker: int) -> None:
     if kind == _Event.START:
@@ -403,7 +488,7 @@ class AsyncClock(Clock):
     elif kind == _Event.DONE:
       self._ticks.emit(time, worker, local=True)
       if not self.exchange_first and self._begun[worker] % self.periods[worker] == 0:
-        self._push(time + self.message, _Event.ARRIVE, worker)
+        self._push(time + self.messages[worker], _Event.ARRIVE, worker)
       else:
         self._begin_step(worker, time)
     elif kind == _Event.ARRIVE and self.policy == Policy.FCFS:
@@ -420,7 +505,7 @@ class AsyncClock(Clock):
     else:  # _Event.WRITE
       self._ticks.emit(time, worker, local=False, op=OpKind.WRITE)
       self._written(worker)
-      self._after_reply(worker, time + self.message)
+      self._after_reply(worker, time + self.messages[worker])
 
   def _advance(self) -> Tick:
     while True:

@@ -43,10 +43,12 @@ class TickPacker:
     wait: float = 0.0,
     sent: float = 0.0,
     at_cut: int | None = None,
+    between: bool = False,
   ) -> int:
     """Places one event of `worker`: a local step (`local`) and/or a master operation
     (`op`); a served request also records its staleness, wait and bytes. Returns
-    the index of the tick it falls in. `at_cut`: a RESET's cut, the tick it goes to."""
+    the index of the tick it falls in. `at_cut`: a RESET's cut, the tick it goes to;
+    `between`: the bytes sent crossed groups."""
     if at_cut is None:
       index = self.index_of(worker, local, op is not None, reset=op == OpKind.RESET)
     else:
@@ -78,6 +80,10 @@ class TickPacker:
       tick.waits.append(wait)
       tick.requests[worker] += 1
     tick.bytes_sent[worker] += sent
+    if between and sent:
+      if tick.bytes_between is None:
+        tick.bytes_between = tick.bytes_sent * 0.0
+      tick.bytes_between[worker] += sent
     return index
 
   def index_of(self, worker: int, local: bool, op: bool, reset: bool = False) -> int:

@@ -21,6 +21,10 @@ class OpKind(enum.IntEnum):
   RESET = 3
 
 
+# The operations that serve a worker's request, each with its staleness (Tick.staleness).
+REQUESTS = (OpKind.EXCHANGE, OpKind.READ)
+
+
 @dataclasses.dataclass
 class Tick:
   """What happened in one tick, for the device program and for the logs.
@@ -39,6 +43,10 @@ class Tick:
     unvalued: workers whose local step in the tick gave the recorded run no loss
       or accuracy (runtime=ray: the process died as it computed the step, after
       its request was served); a replay leaves them out of the logged means too.
+    bytes_between: the part of bytes_sent that crossed groups (easgd.sim.timing's
+      two-level network), [P]; None: none did.
+    levels: the level of each exchange round in the tick (a hierarchical rule's
+      levels, `Rule.levels`).
   """
 
   time: float
@@ -50,6 +58,8 @@ class Tick:
   bytes_sent: np.ndarray
   left: list[int] = dataclasses.field(default_factory=list)
   unvalued: list[int] = dataclasses.field(default_factory=list)
+  bytes_between: np.ndarray | None = None
+  levels: list[int] = dataclasses.field(default_factory=list)
 
   @classmethod
   def empty(cls, num_workers: int) -> "Tick":
@@ -69,6 +79,8 @@ class Tick:
       "bytes_sent": self.bytes_sent.tolist(),
       "left": list(self.left),
       "unvalued": list(self.unvalued),
+      **({} if self.bytes_between is None else {"bytes_between": self.bytes_between.tolist()}),
+      **({"levels": list(self.levels)} if self.levels else {}),
     }
 
   @classmethod
@@ -84,20 +96,32 @@ class Tick:
       bytes_sent=np.array(values["bytes_sent"], np.float64),
       left=[int(worker) for worker in values.get("left", ())],
       unvalued=[int(worker) for worker in values.get("unvalued", ())],
+      bytes_between=(
+        np.array(values["bytes_between"], np.float64) if "bytes_between" in values else None
+      ),
+      levels=[int(level) for level in values.get("levels", ())],
     )
 
   def device_inputs(self) -> dict[str, np.ndarray]:
-    """The arrays the device program reads: masks and the padded list of operations."""
+    """The arrays the device program reads: masks and the padded list of operations,
+    with each request's staleness (`staleness`, at the position of the EXCHANGE or
+    READ that served it; 0 elsewhere)."""
     num_workers = len(self.local)
     # At most three operations a worker in a tick: a READ, its WRITE, and runtime=ray's
     # join or leave at a cut (easgd.sim.events).
-    kinds = np.zeros(3 * num_workers, np.int32)
-    workers = np.zeros(3 * num_workers, np.int32)
+    size = 3 * num_workers
+    kinds = np.zeros(size, np.int32)
+    workers = np.zeros(size, np.int32)
+    staleness = np.zeros(size, np.int32)
+    served = iter(self.staleness)
     for position, (kind, worker) in enumerate(self.ops):
       kinds[position], workers[position] = kind, worker
+      if kind in REQUESTS:
+        staleness[position] = next(served, 0)  # a tick built by hand may record none
     return {
       "local": self.local.copy(),
       "op_kind": kinds,
       "op_worker": workers,
+      "op_staleness": staleness,
       "num_ops": np.int32(len(self.ops)),
     }

@@ -101,6 +101,10 @@ FIELDS = {
   "cluster.bandwidth": (lambda v: _number(v) and v > 0, {}),
   "cluster.server_bandwidth": (lambda v: _number(v) and v > 0, {}),
   "cluster.straggler_slowdown": (finite_at_least(1), {}),
+  "cluster.between_latency": (finite_at_least(0), {"cluster.groups": (4, 4)}),
+  "cluster.between_bandwidth": (lambda v: _number(v) and v > 0, {"cluster.groups": (4, 4)}),
+  # A group of the two.
+  "cluster.server_group": (lambda v: _integer(v) and v in (0, 1), {"cluster.groups": (4, 4)}),
   "cluster.servers": (integer_at_least(1), {"algorithm": "async_easgd"}),
   "ray.servers": (integer_at_least(1), {"algorithm": "async_easgd", "runtime": "ray"}),
   "ray.worker_gpus": (finite_at_least(0), {"algorithm": "async_easgd", "runtime": "ray"}),
@@ -165,6 +169,7 @@ ALWAYS = {
   "outer.sync_delay": integer_at_least(0),
   "outer.momentum_period": integer_at_least(1),
   "outer.switch_step": lambda v: _integer(v) and 0 <= v < 2**31,
+  "cluster.server_group": integer_at_least(0),  # the pipeline has no cluster to place it in
 }
 # A valid config for each algorithm: the momentum rules need a momentum.
 ALGORITHMS = {

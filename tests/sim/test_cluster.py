@@ -90,6 +90,9 @@ def test_ticks_are_well_formed(policy, exchange_first, period):
     assert len(tick.ops) <= 2 * len(tick.local)
     inputs = tick.device_inputs()
     assert inputs["num_ops"] == len(tick.ops)
+    # Each request's staleness at the position of the operation that served it.
+    served = [p for p, (kind, _) in enumerate(tick.ops) if kind in ticks.REQUESTS]
+    assert inputs["op_staleness"][served].tolist() == tick.staleness
     for kind, worker in tick.ops:
       if exchange_first and kind != ticks.OpKind.WRITE:
         # The elastic exchange belongs to a local step of the same tick.

@@ -264,7 +264,7 @@ class ServerProcess:
     self.center = jax.device_put(center, self.device)
     self.center_opt = jax.device_put(center_opt, self.device)
     self.rng = jax.device_put(rng, self.device)
-    numbers = [jax.device_put(np.int32(0), self.device)] * 3
+    numbers = [jax.device_put(np.int32(0), self.device)] * 4
     args = (self.center, self.center_opt, jax.device_put(row, self.device), self.rng, *numbers)
     lowered = on_device(master, MASTER_SPECS, self.device).lower(*args)
     self.program = compile_program(lowered, platform)
@@ -272,14 +272,17 @@ class ServerProcess:
   def where(self) -> tuple[int, str, str]:
     return where()
 
-  def operate(self, row, tick: int, position: int, kind: int, sender: str, expected: str):
-    """One master operation on its blocks; (the answered row, seconds it took). A
-    request from another incarnation of the worker than `expected` (its process
-    restarted before it sent its row) is refused, changing nothing: (None, None)."""
+  def operate(
+    self, row, tick: int, position: int, kind: int, staleness: int, sender: str, expected: str
+  ):
+    """One master operation on its blocks, at the request's `staleness`; (the answered
+    row, seconds it took). A request from another incarnation of the worker than
+    `expected` (its process restarted before it sent its row) is refused, changing
+    nothing: (None, None)."""
     if sender != expected:
       return None, None
     started = time.perf_counter()
-    numbers = (np.int32(tick), np.int32(position), np.int32(kind))
+    numbers = (np.int32(tick), np.int32(position), np.int32(kind), np.int32(staleness))
     center, center_opt, row = self.program(
       self.center, self.center_opt, jax.device_put(row, self.device), self.rng, *numbers
     )

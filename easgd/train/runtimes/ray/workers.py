@@ -138,14 +138,14 @@ class RayWorkers(Workers):
       raise
     return loss, accuracy
 
-  def _master_operation(self, j, op, tick, position, steps_done):
+  def _master_operation(self, j, op, tick, position, steps_done, staleness):
     count = len(self.servers)
     sent, *parts = self.actors[j].request.options(num_returns=count + 1).remote(steps_done)
-    kind = int(trace_lib.OPS[op])
+    numbers = (tick, position, int(trace_lib.OPS[op]), staleness)
     # Each server checks that the row comes from the incarnation the run knows.
     expected = self.incarnations[j]
     calls = [
-      server.operate.options(num_returns=2).remote(part, tick, position, kind, sent, expected)
+      server.operate.options(num_returns=2).remote(part, *numbers, sent, expected)
       for server, part in zip(self.servers, parts, strict=True)
     ]
     answers = [answer for answer, _ in calls]

@@ -73,13 +73,15 @@ def programs(rule: Rule, loss_fn, batch_size: int, augment):
       kept = rule.apply_deferred(kept, deferred)
     return kept, new_opt, loss, accuracy
 
-  def master(center, center_opt, row, rng, tick, position, kind):
-    """Operation `kind` of worker j (row 0), the position-th of tick `tick`: the tick
-    program's loop and key (ParameterServerRule.serve), run for this one operation."""
+  def master(center, center_opt, row, rng, tick, position, kind, staleness):
+    """Operation `kind` of worker j (row 0), the position-th of tick `tick`, at its
+    `staleness`: the tick program's loop and key (ParameterServerRule.serve), run for
+    this one operation."""
     size = 2 * rule.hyper.num_workers
     ops = {
       "op_kind": jnp.zeros(size, jnp.int32).at[position].set(kind),
       "op_worker": jnp.zeros(size, jnp.int32),
+      "op_staleness": jnp.zeros(size, jnp.int32).at[position].set(staleness),
       "num_ops": position + 1,
     }
     key = exchange_key(TrainState(tick, rng, (), (), (), (), ()))
@@ -94,7 +96,7 @@ def programs(rule: Rule, loss_fn, batch_size: int, augment):
 # The in and out specs of `programs`' local step and master operation, each jitted over
 # a mesh of one device: the local step takes its worker's rows, and the run's key whole.
 LOCAL_SPECS = ((P(AXIS),) * 3 + (P(),) + (P(AXIS),) * 4, P(AXIS))
-MASTER_SPECS = ((P(),) * 7, P())
+MASTER_SPECS = ((P(),) * 8, P())
 
 
 def on_device(function, specs, device):
@@ -220,7 +222,7 @@ class ThreadsTrainee(RuleReports):
     fields = {f: rows.worker_opt[0][f] for f in rule.request_fields()}
     row = {"workers": rows.workers[0], **fields, "worker_steps": on(self.devices[0], [0])}
     args = (rows.center, rows.center_opt, jax.device_put(row, center))
-    args += (rows.rng_on[center], on(center, 0), on(center, 0), on(center, 0))
+    args += (rows.rng_on[center], *(on(center, 0) for _ in range(4)))
     master_op = compile_program(on_device(master, MASTER_SPECS, center).lower(*args), platform)
     return {device: compile_program(program, platform) for device, program in pending.items()}, (
       master_op

@@ -345,8 +345,10 @@ class Workers:
   def _operate(self, j, op, tick, position, wait, local) -> None:
     """Runs worker j's operation at the master and records it (master lock held)."""
     steps_done = self.steps[j] + 1 if local else self.steps[j]
+    with self.cond:  # the others' writes since j's last read: none lands under the lock
+      staleness = 0 if op == "write" else self.clock.missed[j]
     started = time.perf_counter()
-    answer = self._master_operation(j, op, tick, position, steps_done)
+    answer = self._master_operation(j, op, tick, position, steps_done, staleness)
     service = time.perf_counter() - started
     if op == "write":
       with self.cond:
@@ -355,7 +357,7 @@ class Workers:
         self._record(j, op, False, tick, wrote=self.clock.version, service=service)
       return
     with self.cond:
-      staleness, self.clock.missed[j] = self.clock.missed[j], 0
+      self.clock.missed[j] = 0
       record = {"staleness": staleness, "wait": wait, "read": self.clock.version}
       record["service"] = service
       if op == "exchange":
@@ -399,12 +401,15 @@ class Workers:
     self.workers[j], self.worker_opt[j] = workers, dict(opt, **fields)
     return float(loss[0]), float(accuracy[0])
 
-  def _master_operation(self, j: int, op: str, tick: int, position: int, steps_done: int):
-    """Worker j's operation `op`, the position-th of tick `tick`, on the center;
-    returns its answer for `_answer` (None for a WRITE)."""
+  def _master_operation(
+    self, j: int, op: str, tick: int, position: int, steps_done: int, staleness: int
+  ):
+    """Worker j's operation `op`, the position-th of tick `tick`, at its `staleness`, on
+    the center; returns its answer for `_answer` (None for a WRITE)."""
     center_device = self.center_device
     row = jax.device_put(self._row(j, steps_done), center_device)
     numbers = (np.int32(tick), np.int32(position), np.int32(trace_lib.OPS[op]))
+    numbers += (np.int32(staleness),)
     center, center_opt, row = self.master_op(
       self.center, self.center_opt, row, self.rng_on[center_device], *numbers
     )
