@@ -5,7 +5,15 @@ and one line here.
 """
 
 from easgd.declare import Field, unique
-from easgd.rules import async_local, outer, parameter_server, post_local, streaming, sync
+from easgd.rules import (
+  async_local,
+  hierarchical_local,
+  outer,
+  parameter_server,
+  post_local,
+  streaming,
+  sync,
+)
 from easgd.rules.base import Momentum, Rule
 from easgd.sim.clocks import Policy
 
@@ -30,6 +38,7 @@ RULES: dict[str, type[Rule]] = {
     streaming.StreamingDiLoCo,
     streaming.StreamingEASGD,
     post_local.PostLocalSGD,
+    hierarchical_local.HierarchicalLocalSGD,
   )
 }
 

@@ -173,7 +173,11 @@ ALWAYS = {
 }
 # A valid config for each algorithm: the momentum rules need a momentum.
 ALGORITHMS = {
-  name: {"algorithm": name, "optimizer.momentum": 0.9 if rule.momentum == REQUIRED else 0.0}
+  name: {
+    **rule.defaults,  # what the rule needs beside (the hierarchical rules' levels)
+    "algorithm": name,
+    "optimizer.momentum": 0.9 if rule.momentum == REQUIRED else 0.0,
+  }
   for name, rule in rules.RULES.items()
 } | {"pipeline": {"algorithm": "pipeline"}}
 
