@@ -105,17 +105,8 @@ def with_rule_defaults(
   applied = {}
   for path, value in own.items():
     *groups, name = path.split(".")
-    # A checkpoint's JSON holds a tuple of tuples (outer.levels) as lists.
-    taken = _as_tuples(resumed[path]) if isinstance(value, tuple) and path in resumed else None
-    lookup(config, ".".join(groups))[name] = applied[path] = (
-      resumed.get(path, value) if taken is None else taken
-    )
+    lookup(config, ".".join(groups))[name] = applied[path] = resumed.get(path, value)
   return applied
-
-
-def _as_tuples(value):
-  """Lists, nested, as tuples."""
-  return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def default_config() -> ml_collections.ConfigDict:

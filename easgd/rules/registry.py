@@ -7,6 +7,7 @@ and one line here.
 from easgd.declare import Field, unique
 from easgd.rules import (
   async_local,
+  hierarchical_easgd,
   hierarchical_local,
   outer,
   parameter_server,
@@ -39,6 +40,7 @@ RULES: dict[str, type[Rule]] = {
     streaming.StreamingEASGD,
     post_local.PostLocalSGD,
     hierarchical_local.HierarchicalLocalSGD,
+    hierarchical_easgd.HierarchicalEASGD,
   )
 }
 

@@ -85,6 +85,8 @@ FIELDS = {
     {"algorithm": "async_local_sgd", "outer.momentum_period": 1},
   ),
   "downpour.n_sync": (integer_at_least(1), {"algorithm": "downpour"}),
+  # beta_2 = groups * rate < 1 with hierarchical_easgd's default levels' 4 groups of 2.
+  "outer.global_moving_rate": (fraction(1 / 4), {"algorithm": "hierarchical_easgd"}),
   # Below the default run's 600 steps: a run that never switches is refused.
   "outer.switch_step": (
     lambda v: _integer(v) and 0 <= v < 600,
@@ -170,6 +172,7 @@ ALWAYS = {
   "outer.momentum_period": integer_at_least(1),
   "outer.switch_step": lambda v: _integer(v) and 0 <= v < 2**31,
   "cluster.server_group": integer_at_least(0),  # the pipeline has no cluster to place it in
+  "outer.global_moving_rate": fraction(),
 }
 # A valid config for each algorithm: the momentum rules need a momentum.
 ALGORITHMS = {
