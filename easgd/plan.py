@@ -383,6 +383,7 @@ def make_plan(config: ml_collections.ConfigDict) -> Plan:
     family=sizing.family_of(compiler.rule.policy),
     levels=levels_of(compiler.rule),
     workers=config.workers,
+    global_every=config.outer.global_every if compiler.rule.hyper.two_tier else 0,
   )
   return Plan(
     config=config,

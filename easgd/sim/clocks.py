@@ -35,10 +35,12 @@ class _Event(enum.IntEnum):
   """Simulation events, in the order they are handled when they fall on the same
   time: a write that lands when another request arrives is seen by that request."""
 
+  MERGE = -1  # two tiers: the global model reaches a group server (a write there)
   WRITE = 0
   ARRIVE = 1
   DONE = 2
   START = 3
+  GLOBAL = 4  # two tiers: a group server's change reaches the global server
 
 
 class LogWindow:
@@ -114,6 +116,8 @@ class RunTotals:
     self.bytes_between = np.zeros(num_workers)
     # Exchange rounds of each level (Tick.levels).
     self.level_exchanges: list[int] = []
+    # What two-tier servers sent each other: [inside groups, between groups].
+    self.server_bytes = np.zeros(2)
     # Workers whose process left the run for good (runtime=ray's
     # cluster.on_worker_loss=continue, and the replay of its trace).
     self.gone: list[int] = []
@@ -141,6 +145,7 @@ class RunTotals:
       # clock state is what it was before the two-level network.
       **({"bytes_between": self.bytes_between.tolist()} if self.bytes_between.any() else {}),
       **({"level_exchanges": list(self.level_exchanges)} if self.level_exchanges else {}),
+      **({"server_bytes": self.server_bytes.tolist()} if self.server_bytes.any() else {}),
     }
 
   def load_state_dict(self, state: dict) -> None:
@@ -154,6 +159,7 @@ class RunTotals:
       np.zeros_like(self.bytes_sent) if between is None else np.array(between, np.float64)
     )
     self.level_exchanges = [int(n) for n in state.get("level_exchanges", ())]
+    self.server_bytes = np.array(state.get("server_bytes", (0.0, 0.0)), np.float64)
     self.gone = [int(j) for j in state.get("gone", ())]
     if "window" in state:
       self.window.load_state_dict(state["window"])
@@ -201,6 +207,8 @@ class Clock(RunTotals, abc.ABC):
     if tick.bytes_between is not None:
       self.bytes_between += tick.bytes_between
     self.count_levels(tick.levels)
+    if tick.server_bytes is not None:
+      self.server_bytes += tick.server_bytes
     self.gone += tick.left
     return tick
 
@@ -422,7 +430,7 @@ class AsyncClock(Clock):
     self._turn = 0
     self._waiting: dict[int, float] = {}  # round robin: worker -> arrival time
     # Ticks still open to events, from the next one to be released on.
-    self._ticks = TickPacker(num_workers)
+    self._ticks = TickPacker(num_workers, self._servers())
     for worker in range(num_workers):
       self._begin_step(worker, 0.0)
 
@@ -434,6 +442,10 @@ class AsyncClock(Clock):
   def _message_time(self, num_bytes: float, between: bool) -> float:
     latency, bandwidth = self.cluster.link(between)
     return latency + num_bytes / bandwidth
+
+  def _servers(self) -> int:
+    """Rows of the packer beyond the workers' (TickPacker): none here."""
+    return 0
 
   # The simulation.
 
@@ -537,3 +549,144 @@ class AsyncClock(Clock):
     self._turn = int(state["turn"])
     self._waiting = {int(w): float(t) for w, t in state["waiting"]}
     self._ticks.load_state_dict(state)
+
+
+class TwoTierClock(AsyncClock):
+  """HALoS's two tiers of parameter servers (easgd.rules.tiers), simulated event by event.
+
+  Each group of `cluster.groups` has its server, in the group: its workers reach it
+  over the link inside the group, and it serves them with the rule's discipline,
+  as AsyncClock's master does (first come first served under its own lock, round
+  robin over its own workers, or Hogwild), one service time a request. Once
+  `global_every` (K) of its workers' requests have been served since its last
+  merge and none of its sends is in flight, it sends (SEND, when the K-th request's
+  service ends); the send reaches the global server one message later (over the
+  link between groups, or inside for the group of `cluster.server_group`), which
+  serves sends one at a time, a service time each (APPLY, as the service
+  starts); the global model reaches the group server one message later, which
+  merges it (MERGE) as soon as the request it is serving, if any, is done. A
+  worker's staleness counts its group server's updates since its last read,
+  merges included.
+  """
+
+  def __init__(
+    self,
+    cluster,
+    num_workers,
+    model_bytes,
+    seed,
+    period,
+    policy: Policy,
+    exchange_first: bool,
+    global_every: int,
+    sent_bytes=None,
+  ):
+    self.group_of = [int(g) for g in cluster.group_of(num_workers)]
+    self.members = [
+      [j for j in range(num_workers) if self.group_of[j] == g]
+      for g in range(len(cluster.group_sizes(num_workers)))
+    ]
+    self.global_every = global_every
+    groups = len(self.members)
+    self._group_free = [0.0] * groups
+    self._turns = [0] * groups  # round robin: each group's next worker, by position
+    self._group_waiting: list[dict[int, float]] = [{} for _ in range(groups)]
+    self._since_merge = [0] * groups
+    self._in_flight = [False] * groups
+    self._global_free = 0.0
+    super().__init__(
+      cluster, num_workers, model_bytes, seed, period, policy, exchange_first, sent_bytes
+    )
+    # A group server's message to the global server, and whether it crosses groups.
+    self._uplinks = [g != cluster.server_group for g in range(groups)]
+    self.uplink_times = [self._message_time(model_bytes, between) for between in self._uplinks]
+
+  def _reaches_server_between(self, worker: int) -> bool:
+    return False  # its group's server is in its group
+
+  def _servers(self) -> int:
+    return len(self.members)
+
+  def _read(self, worker, time, op, wait):
+    super()._read(worker, time, op, wait)
+    self._ticks.note_level(self._ticks.last_tick(worker), 0)  # a request: level 0
+
+  def _written(self, worker: int) -> None:
+    for other in self.members[self.group_of[worker]]:
+      if other != worker:
+        self._missed[other] += 1
+
+  def _served(self, group: int, time: float) -> None:
+    """A request of the group's was applied at its server by `time`: the K-th since
+    its last merge sends, if none of its sends is in flight."""
+    self._since_merge[group] += 1
+    if self._since_merge[group] >= self.global_every and not self._in_flight[group]:
+      self._in_flight[group] = True
+      row = self.num_workers + group
+      index = self._ticks.emit(time, row, local=False, op=OpKind.SEND)
+      self._ticks.note_level(index, 1)
+      self._ticks.note_server_bytes(index, self.model_bytes, self._uplinks[group])
+      self._push(time + self.uplink_times[group], _Event.GLOBAL, group)
+
+  def _serve(self, worker: int, arrival: float) -> None:
+    group = self.group_of[worker]
+    start = max(arrival, self._group_free[group])
+    self._group_free[group] = start + self.service
+    self._read(worker, start, OpKind.EXCHANGE, wait=start - arrival)
+    self._written(worker)
+    self._served(group, start + self.service)
+    self._after_reply(worker, self._group_free[group] + self.messages[worker])
+
+  def _handle(self, time: float, kind: _Event, index: int) -> None:
+    if kind == _Event.GLOBAL:
+      start = max(time, self._global_free)
+      self._global_free = start + self.service
+      self._ticks.emit(start, self.num_workers + index, local=False, op=OpKind.APPLY)
+      self._push(self._global_free + self.uplink_times[index], _Event.MERGE, index)
+    elif kind == _Event.MERGE:
+      locked = self.policy != Policy.HOGWILD
+      at = max(time, self._group_free[index]) if locked else time
+      row = self.num_workers + index
+      tick = self._ticks.emit(at, row, local=False, op=OpKind.MERGE)
+      self._ticks.note_server_bytes(tick, self.model_bytes, self._uplinks[index])
+      self._since_merge[index] = 0
+      self._in_flight[index] = False
+      for worker in self.members[index]:
+        self._missed[worker] += 1
+    elif kind == _Event.ARRIVE and self.policy == Policy.ROUND_ROBIN:
+      group = self.group_of[index]
+      waiting, members = self._group_waiting[group], self.members[group]
+      waiting[index] = time
+      while members[self._turns[group]] in waiting:
+        turn = members[self._turns[group]]
+        self._serve(turn, waiting.pop(turn))
+        self._turns[group] = (self._turns[group] + 1) % len(members)
+    elif kind == _Event.WRITE:  # Hogwild: the increment lands at the group's server
+      self._ticks.emit(time, index, local=False, op=OpKind.WRITE)
+      self._written(index)
+      self._served(self.group_of[index], time)
+      self._after_reply(index, time + self.messages[index])
+    else:
+      super()._handle(time, kind, index)
+
+  def state_dict(self):
+    return {
+      **super().state_dict(),
+      "group_free": list(self._group_free),
+      "turns": list(self._turns),
+      "group_waiting": [
+        sorted([w, t] for w, t in waiting.items()) for waiting in self._group_waiting
+      ],
+      "since_merge": list(self._since_merge),
+      "in_flight": list(self._in_flight),
+      "global_free": self._global_free,
+    }
+
+  def load_state_dict(self, state):
+    super().load_state_dict(state)
+    self._group_free = [float(t) for t in state["group_free"]]
+    self._turns = [int(n) for n in state["turns"]]
+    self._group_waiting = [{int(w): float(t) for w, t in pairs} for pairs in state["group_waiting"]]
+    self._since_merge = [int(n) for n in state["since_merge"]]
+    self._in_flight = [bool(b) for b in state["in_flight"]]
+    self._global_free = float(state["global_free"])

@@ -47,6 +47,8 @@ there, service, message back):
 import dataclasses
 import math
 
+import numpy as np
+
 from easgd.sim import timing
 from easgd.sim.clocks import Policy
 
@@ -81,6 +83,9 @@ class Timing:
   # () for one level every tau-th step.
   levels: tuple[tuple[timing.Exchange, float], ...] = ()
   workers: int = 0  # the config's P, whose groups are the config's (0: any)
+  # Two-tier servers (easgd.rules.tiers): a group server sends every K of its
+  # workers' requests (0: one master).
+  global_every: int = 0
 
   def _cluster(self, workers: int) -> timing.Cluster:
     """The cluster at P workers: the config's groups at its own P, else blocks of its
@@ -92,10 +97,17 @@ class Timing:
     scaled = (size,) * (workers // size) + ((workers % size,) if workers % size else ())
     return dataclasses.replace(self.cluster, groups=scaled, group_slowdowns=())
 
+  def _members(self, workers: int) -> int:
+    """The workers one server serves: all of them, or with two tiers the largest group."""
+    if not self.global_every:
+      return workers
+    return max(self._cluster(workers).group_sizes(workers))
+
   @property
   def message(self) -> float:
-    """m = L + W/B (on a cluster of groups, the mean over the config's workers)."""
-    if not self.cluster.groups:
+    """m = L + W/B (on a cluster of groups, the mean over the config's workers; with two
+    tiers a worker's group server is in its group)."""
+    if not self.cluster.groups or self.global_every:
       return self.cluster.message_time(self.model_bytes)
     count = self.workers or sum(self.cluster.groups)
     return (
@@ -126,8 +138,22 @@ class Timing:
       return self.period * self.compute_time + self.allreduce(workers)
     alone = self.period * self.compute_time + 2 * self.message + self.service
     if self.family == LOCKED:
-      return max(alone, workers * self.service)
+      return max(alone, self._members(workers) * self.service)
     return alone
+
+  def global_share(self, workers: int) -> float:
+    """Two tiers: the share of its time the global server serves sends. Each group g of
+    s_g sends after K of its requests, one every max(K cycle / s_g, its round trip to
+    the global server and back) seconds, and each send takes s there."""
+    cluster = self._cluster(workers)
+    busy = 0.0
+    group_of = cluster.group_of(workers)
+    for g, size in enumerate(cluster.group_sizes(workers)):
+      between = bool(np.any(group_of == g)) and g != cluster.server_group
+      latency, bandwidth = cluster.link(between)
+      trip = 2 * (latency + self.model_bytes / bandwidth) + self.service
+      busy += self.service / max(self.global_every * self.cycle(workers) / size, trip)
+    return busy
 
   def step_time(self, workers: int) -> float:
     """T(P): seconds per local step of each worker."""
@@ -160,6 +186,10 @@ class Timing:
       return 1
     if self.family == LOCK_FREE or self.service == 0:
       return None
+    if self.global_every:  # each group server serves its group: P* counts a group's workers
+      size = self.cluster.groups[0] if self.cluster.groups else MAX_WORKERS
+      group = math.ceil(2 * work / self.service - 1e-9)
+      return group * max(1, (self.workers or size) // size) if group <= size else None
     return math.ceil(2 * work / self.service - 1e-9)
 
   def servers_needed(self, workers: int) -> int | None:
@@ -168,7 +198,8 @@ class Timing:
       return None
     per_request = self.cluster.master_time + 2 * self.model_bytes / self.cluster.server_bandwidth
     free_time = self.period * self.compute_time + 2 * self.message
-    return max(1, math.ceil((workers - 1) * per_request / free_time - 1e-9))
+    members = self._members(workers)
+    return max(1, math.ceil((members - 1) * per_request / free_time - 1e-9))
 
   def derivation(self, workers: int) -> list[str]:
     """The formulas above with this cluster's numbers in them."""
@@ -196,6 +227,13 @@ class Timing:
       ]
       return lines
     per_request = c.master_time + 2 * self.model_bytes / c.server_bandwidth
+    if self.global_every:
+      lines.append(
+        f"two tiers: a server per group serves its workers (the largest group: "
+        f"{self._members(workers)}); a group server sends every K = {self.global_every} "
+        f"requests; the global server is busy {100 * self.global_share(workers):.1f}% "
+        "of the time"
+      )
     lines += [
       f"m = L + W/B = {self.message:.4g} s; "
       f"s = (master_time + 2W/B_s)/S = {per_request:.4g}/{c.servers} = {self.service:.4g} s",

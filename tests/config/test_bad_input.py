@@ -42,6 +42,9 @@ def fraction(high=1.0):  # [0, high)
   return lambda v: _number(v) and 0 <= v < high
 
 
+# Two-tier servers, under which a parameter-server rule reads their fields.
+TWO_TIER = {"algorithm": "async_easgd", "outer.two_tier": True}
+
 # field -> (its allowed values, the config under which the algorithm reads it)
 FIELDS = {
   "seed": (lambda v: _integer(v) and 0 <= v < 2**32, {}),
@@ -87,6 +90,11 @@ FIELDS = {
   "downpour.n_sync": (integer_at_least(1), {"algorithm": "downpour"}),
   # beta_2 = groups * rate < 1 with hierarchical_easgd's default levels' 4 groups of 2.
   "outer.global_moving_rate": (fraction(1 / 4), {"algorithm": "hierarchical_easgd"}),
+  "outer.global_every": (integer_at_least(1), TWO_TIER),
+  "outer.merge_weight": (lambda v: _number(v) and 0 < v <= 1, TWO_TIER),
+  "outer.global_learning_rate": (finite_at_least(0, inclusive=False), TWO_TIER),
+  "outer.global_momentum": (fraction(), TWO_TIER),
+  "outer.global_momentum_period": (integer_at_least(1), TWO_TIER),
   # Below the default run's 600 steps: a run that never switches is refused.
   "outer.switch_step": (
     lambda v: _integer(v) and 0 <= v < 600,

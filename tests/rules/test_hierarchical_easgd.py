@@ -132,3 +132,13 @@ def test_the_defaults_resolve_each_levels_beta_to_0_9():
 
 # The GPU tier's checks of this rule (tests/test_gpu.py), on its one device.
 GPU_CHECKS = {"hierarchical_easgd": [lambda: test_it_follows_its_equations(1)]}
+
+
+@pytest.mark.e2e
+def test_stopped_between_global_pulls_it_resumes_as_never_stopped(tmp_path):
+  """The group centers are state of their own: stopped at step 22 of the runs' small MLP
+  (4 workers, pairs), it ends at 40 with the bits of a run never stopped."""
+  from runs import assert_stopped_and_resumed_ends_as_never_stopped  # noqa: PLC0415
+
+  overrides = {"outer.levels": ((2, 2), (8, 0)), "outer.moving_rate": 0.2}
+  assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "hierarchical_easgd", overrides, 22)

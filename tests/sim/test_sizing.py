@@ -133,3 +133,17 @@ def test_levels_over_groups_step_time_is_the_simulated_one():
   )
   assert simulated_step_time(clock, 80) == pytest.approx(steady.step_time(8), rel=1e-9)
   assert steady.critical_workers() is not None
+
+
+def test_two_tier_servers_step_time_is_the_simulated_one():
+  """Two groups of 6, a server each (messages inside the group), the global server
+  in group 0: each group's server saturates as one master with 6 workers would."""
+  groups = dataclasses.replace(NETWORK, groups=(6, 6), master_time=1e-2)
+  steady = sizing.Timing(groups, MODEL_BYTES, 0.01, 4, sizing.LOCKED, workers=12, global_every=3)
+  clock = clocks.TwoTierClock(
+    groups, 12, MODEL_BYTES, 0, 4, clocks.Policy.FCFS, exchange_first=True, global_every=3
+  )
+  assert simulated_step_time(clock, 200) == pytest.approx(steady.step_time(12), rel=0.01)
+  # Saturated: 6 workers' requests, 10 ms each, are longer than a worker's 55 ms cycle.
+  assert steady.cycle(12) == pytest.approx(6 * 1e-2)
+  assert 0 < steady.global_share(12) < 1

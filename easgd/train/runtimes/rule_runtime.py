@@ -60,10 +60,10 @@ class _TickTotals:
   of groups the bytes on each link, and for a rule of several levels the exchange
   rounds of each."""
 
-  def __init__(self, clock, groups: bool = False, levels: int = 1):
+  def __init__(self, clock, groups: bool = False, levels: int = 1, servers: bool = False):
     self._clock = clock
     self._steps = 0
-    self._groups, self._levels = groups, levels
+    self._groups, self._levels, self._servers = groups, levels, servers
 
   def add(self, tick: ticks.Tick) -> None:
     self._steps += int(tick.local.sum())
@@ -94,6 +94,9 @@ class _TickTotals:
     if self._levels > 1:
       counts = clock.level_exchanges + [0] * (self._levels - len(clock.level_exchanges))
       values.update({f"comm/level{k}_exchanges": float(n) for k, n in enumerate(counts)})
+    if self._servers:  # two-tier servers: what they sent each other, on each link
+      values["comm/server_bytes_inside_groups"] = float(clock.server_bytes[0])
+      values["comm/server_bytes_between_groups"] = float(clock.server_bytes[1])
     peak = clock.peak_bytes_per_step()
     if peak is not None:
       values["comm/peak_bytes_per_step"] = float(peak)
@@ -148,7 +151,8 @@ class RuleReports:
     self.setup, self.rule, self.clock = setup, rule, clock
     self.writer = metrics.MetricWriter(setup.workdir, resumed_at=resumed_at)
     groups = bool(setup.config.cluster.groups)
-    self.totals = _TickTotals(clock, groups, len(rule.levels()))
+    servers = bool(getattr(rule.hyper, "two_tier", False))
+    self.totals = _TickTotals(clock, groups, len(rule.levels()), servers)
 
   def add(self, values, context) -> np.ndarray:
     if self.rule.parameter_server():
