@@ -21,6 +21,7 @@ LAYERS = (
     "easgd.arguments",
     "easgd.durations",
     "easgd.ray_connection",
+    "easgd.ownership",
     "easgd.algorithm",
   ),
   ("easgd.models",),
