@@ -448,6 +448,39 @@ def test_tensorboard_serves_every_run_with_scalars_and_hparams(which, request):
       ["--pipeline", "--parallel=2"],
       "--pipeline is one run of one process: drop --parallel",
     ),
+    # Tune's schedulers: their flags, each named with what is allowed.
+    ('[{"optimizer.learning_rate": 0.1}]', ["--grace_steps=10"], "--grace_steps set a scheduler"),
+    (
+      '[{"optimizer.learning_rate": 0.1}]',
+      ["--scheduler=asha"],
+      "--scheduler=asha runs the points as Ray Tune's trials: give --parallel N",
+    ),
+    (
+      '[{"optimizer.learning_rate": 0.1}]',
+      ["--parallel=2", "--scheduler=asha", "--reduction_factor=1"],
+      "--reduction_factor=1 is invalid: must be an integer >= 2",
+    ),
+    (
+      '[{"optimizer.learning_rate": 0.1}]',
+      ["--parallel=2", "--scheduler=asha", "--grace_steps=30"],
+      "--grace_steps: ASHA's rung at step 30 is not a step where the runs log "
+      "eval/center_accuracy (every 50 steps, config.run.eval_every)",
+    ),
+    (
+      '[{"optimizer.learning_rate": 0.1}, {"optimizer.learning_rate": 0.2}]',
+      ["--parallel=2", "--scheduler=pbt", "--pbt_fields=workers"],
+      "--pbt_fields: config.workers cannot change in the middle of a run",
+    ),
+    (
+      '[{"optimizer.learning_rate": 0.1}, {"optimizer.learning_rate": 0.2}]',
+      ["--parallel=2", "--scheduler=pbt", "--pbt_fields=outer.moving_rat"],
+      "--pbt_fields: config.outer.moving_rat does not exist",
+    ),
+    (
+      '[{"optimizer.learning_rate": 0.1}, {"optimizer.learning_rate": 0.2}]',
+      ["--parallel=2", "--scheduler=pbt", "--pbt_fields=outer.moving_rate"],
+      "--pbt_fields: config.outer.moving_rate is not swept",
+    ),
   ],
 )
 def test_bad_sweep_exits_2_with_one_line_and_runs_nothing(
