@@ -86,6 +86,7 @@ COMM_PERIOD = Field(
   formerly=("comm_period",),
   setting="comm_period",
   off=1,
+  mid_run=True,
 )
 MOVING_RATE = Field(
   "outer.moving_rate",
@@ -96,6 +97,7 @@ MOVING_RATE = Field(
   Shapes.IF_READ,
   formerly=("moving_rate",),
   setting="moving_rate",
+  mid_run=True,
 )
 
 # Config fields every rule reads: its inner optimizer and schedule (with the

@@ -264,9 +264,7 @@ class RayTrainee(ThreadsTrainee):
     finally:
       self._quiet.close()
       if self.started_ray:
-        import ray  # noqa: PLC0415 (module docstring)
-
-        ray.shutdown()
+        ray_connection.shutdown()
 
 
 # JAX's variable that, set to "false", has a GPU process take memory as it needs
@@ -373,7 +371,6 @@ class RayRuntime(ThreadsRuntime):
     return f"{config.algorithm}: {config.workers} worker processes, {servers} (Ray)"
 
   def trainee(self, state, clock_state, resumed_at) -> RayTrainee:
-    import ray  # noqa: PLC0415 (module docstring)
 
     config = self.setup.config
     started = connect(config)
@@ -394,5 +391,5 @@ class RayRuntime(ThreadsRuntime):
       )
     except BaseException:
       if started:
-        ray.shutdown()
+        ray_connection.shutdown()
       raise
