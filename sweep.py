@@ -6,13 +6,20 @@ overrides apply to every point. Finished points are skipped, so a stopped
 sweep is resumed by running the same command. The sweep ends with
 <workdir>/summary.md and summary.csv, best final center accuracy first.
 
-With --parallel N the points run N at a time as Ray tasks (easgd.executor),
-each with the resources it asks for (--point_cpus, --point_gpus: a GPU or a
-fraction of one), on this machine or on the Ray cluster at --ray_address
-(or $RAY_ADDRESS), whose nodes must share the workdir. Each point is the same
-train.py run, to the same bits, its output in <workdir>/<point>/train.log; a
-point whose process is lost is retried (--point_retries) and resumes from its
-checkpoint. A sweep with failed points exits 1 once the others are done.
+With --parallel N the points run N at a time as Ray Tune's trials
+(easgd.tuning), each with the resources it asks for (--point_cpus,
+--point_gpus: a GPU or a fraction of one), on this machine or on the Ray cluster
+at --ray_address (or $RAY_ADDRESS), whose nodes must share the workdir. Each
+point is the same train.py run, to the same bits, its output in
+<workdir>/<point>/train.log; a point whose process is lost is run again
+(--point_retries) and resumes from its checkpoint; a killed sweep run again
+restores Tune's experiment (<workdir>/tune). --scheduler=asha stops the points
+that fall behind early (ASHA); --scheduler=pbt trains them as a population
+(population-based training over --pbt_fields). A sweep with failed points exits
+1 once the others are done.
+
+One sweep a workdir at a time. SIGTERM stops the sweep where it is: each running
+point saves its step, and the sweep exits 0 saying what to run to resume it.
 
 With --pipeline the sweep runs as one pipelined multi-model run instead
 (config.algorithm=pipeline, one model per point, <workdir>/model_<k>): the
@@ -20,12 +27,14 @@ swept fields must be among the pipeline's per-model values.
 """
 
 import os
+import shlex
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from easgd import arguments, cli, executor, sweep
+from easgd import arguments, cli, executor, ownership, sweep
+from easgd.config import hyperparameters
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint
 from easgd.pipeline import algorithm as pipeline
@@ -38,7 +47,7 @@ _CONFIG = cli.define_config(None, "Config file with get_sweep().")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the runs and the summary go.")
 _PIPELINE = flags.DEFINE_bool("pipeline", False, "Run the sweep as one pipelined run.")
 _PARALLEL = flags.DEFINE_integer(
-  "parallel", None, "Run this many points at once as Ray tasks (default: one after another)."
+  "parallel", None, "Run this many points at once on Ray Tune (default: one after another)."
 )
 _POINT_CPUS = flags.DEFINE_float("point_cpus", None, "CPUs a point asks Ray for (default 1).")
 _POINT_GPUS = flags.DEFINE_float(
@@ -55,6 +64,30 @@ _RAY_ADDRESS = flags.DEFINE_string(
 _POINT_RETRIES = flags.DEFINE_integer(
   "point_retries", None, "Times a point whose process is lost is run again (default 3)."
 )
+_SCHEDULER = flags.DEFINE_enum(
+  "scheduler",
+  None,
+  list(sweep.SCHEDULERS),
+  "Ray Tune's scheduler over the points (with --parallel): asha stops those that fall "
+  "behind early; pbt trains them as a population (population-based training).",
+)
+_METRIC = flags.DEFINE_string(
+  "metric", None, "The logged scalar the scheduler compares (default eval/center_accuracy)."
+)
+_MODE = flags.DEFINE_enum("mode", None, ["max", "min"], "Whether more of --metric is better.")
+_GRACE_STEPS = flags.DEFINE_integer(
+  "grace_steps", None, "ASHA: the first rung's step (default: the first evaluation's)."
+)
+_REDUCTION_FACTOR = flags.DEFINE_integer(
+  "reduction_factor", None, "ASHA: 1 in this many points goes on at each rung (default 3)."
+)
+_PBT_FIELDS = flags.DEFINE_list(
+  "pbt_fields", [], "PBT: the fields it explores, over the values the sweep gives them."
+)
+_PERTURBATION_STEPS = flags.DEFINE_integer(
+  "perturbation_steps", None, "PBT: steps between two rounds (default: run.eval_every)."
+)
+_PBT_SEED = flags.DEFINE_integer("pbt_seed", None, "PBT: the seed of its draws (default 0).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -68,25 +101,27 @@ def _finished(workdir: str, total_steps: int) -> bool:
   return checkpoint.saved_step(workdir) == total_steps
 
 
-def run_points(points, config, user_flags, workdir, parallel=None) -> list[dict]:
-  """Runs the points not finished yet (in parallel on Ray with `parallel`); their rows."""
+def run_points(points, config, user_flags, workdir, parallel=None, schedule=None) -> list[dict]:
+  """Runs the points not finished yet (in parallel on Ray Tune with `parallel`, all of
+  them: Tune's experiment knows which are); their rows."""
   rows, jobs = [], {}
   for number, point in enumerate(points):
     run_dir = os.path.join(workdir, sweep.name(point))
     label = f"point {number + 1}/{len(points)} {sweep.name(point)}"
     rows.append({"run": sweep.name(point), **point, "status": "done"})
     total_steps = sweep.apply(config, point).run.total_steps
-    if _finished(run_dir, total_steps):
+    if parallel is None and _finished(run_dir, total_steps):
       print(f"sweep: {label} is finished", flush=True)
       continue
     point_flags = [f"--config.{field}={sweep.flag_value(v)}" for field, v in point.items()]
     command = _command(run_dir, [*user_flags, *point_flags])
     jobs[number] = executor.Job(
-      label, run_dir, total_steps, executor.train_py, (command, run_dir, total_steps)
+      label, run_dir, total_steps, tuple(command), values=tuple(point.items())
     )
-  outcomes = executor.run(list(jobs.values()), parallel, workdir, label="sweep")
+  outcomes = executor.run(list(jobs.values()), parallel, workdir, "sweep", schedule=schedule)
   for number, outcome in zip(jobs, outcomes, strict=True):
-    rows[number]["status"] = outcome.status
+    # Population-based training's last values of the fields it explored.
+    rows[number] |= {**outcome.values, "status": outcome.status}
   return [row | sweep.final_scalars(os.path.join(workdir, row["run"])) for row in rows]
 
 
@@ -122,7 +157,9 @@ def run_pipeline(points, plan, user_flags, workdir) -> list[dict]:
   total_steps = pipelined.run.total_steps
   if not _finished(workdir, total_steps):
     command = _command(workdir, [*user_flags, *pipeline_flags])
-    status = executor.Outcome(executor.train_py(command, workdir, total_steps)).status
+    job = executor.Job("the pipelined run", workdir, total_steps, tuple(command))
+    [outcome] = executor.run([job], None, workdir, "sweep")
+    status = outcome.status
   return [
     {"run": f"model_{m}", **point, "status": status}
     | sweep.final_scalars(os.path.join(workdir, f"model_{m}"))
@@ -173,20 +210,57 @@ def main(argv):
       raise ConfigError("--pipeline is one run of one process: drop --parallel and --ray_address")
     source = config_flags.get_config_filename(flags.FLAGS["config"])
     points = sweep.load_sweep(source)
+    options = {
+      "metric": _METRIC.value,
+      "mode": _MODE.value,
+      "grace_steps": _GRACE_STEPS.value,
+      "reduction_factor": _REDUCTION_FACTOR.value,
+      "pbt_fields": _PBT_FIELDS.value,
+      "perturbation_steps": _PERTURBATION_STEPS.value,
+      "pbt_seed": _PBT_SEED.value,
+    }
+    scheduled = _SCHEDULER.value or any(value not in (None, []) for value in options.values())
+    if _PIPELINE.value and scheduled:
+      raise ConfigError("--pipeline is one run: drop --scheduler and its options")
+    # Population-based training changes these fields in the points' runs on purpose.
+    changing = tuple(_PBT_FIELDS.value) if _SCHEDULER.value == "pbt" else ()
+    hyperparameters.check_mid_run(changing, "--pbt_fields")
     sweep.check_points(
-      points, config, fixed, each_valid=not _PIPELINE.value, source=source, workdir=_WORKDIR.value
+      points,
+      config,
+      fixed,
+      each_valid=not _PIPELINE.value,
+      source=source,
+      workdir=_WORKDIR.value,
+      changing=changing,
     )
+    schedule = sweep.schedule(_SCHEDULER.value, options, points, config, parallel)
     plan = pipeline_plan(points, config) if _PIPELINE.value else None
-    with executor.maybe_connected(parallel):
-      if parallel and parallel.address:  # before the workdir is made: a refusal leaves none
-        executor.check_shared(_WORKDIR.value, parallel)
-      os.makedirs(_WORKDIR.value, exist_ok=True)
-      if plan:
-        rows = run_pipeline(points, plan, user_flags, _WORKDIR.value)
-      else:
-        rows = run_points(points, config, user_flags, _WORKDIR.value, parallel)
+    # One sweep a workdir: refused before a Ray starts, taken once Ray has checked
+    # what it can (a refusal of Ray's leaves no workdir).
+    ownership.check_free(_WORKDIR.value, ownership.SWEEP_LOCK, "sweep")
+    lock = None
+    try:
+      with executor.maybe_connected(parallel):
+        if parallel and parallel.address:
+          executor.check_shared(_WORKDIR.value, parallel)
+        lock = ownership.hold(_WORKDIR.value, ownership.SWEEP_LOCK, "sweep")
+        if plan:
+          rows = run_pipeline(points, plan, user_flags, _WORKDIR.value)
+        else:
+          rows = run_points(points, config, user_flags, _WORKDIR.value, parallel, schedule)
+    finally:
+      if lock is not None:
+        lock.release()
   except ConfigError as error:
     cli.fail(str(error))
+  except executor.Stopped as stopped:
+    print(
+      f"sweep: stopped by a preemption notice ({stopped}); run the same command to resume: "
+      f"{shlex.join(['python', *sys.argv])}",
+      flush=True,
+    )
+    return
   fields = list(dict.fromkeys(field for point in points for field in point))
   print(sweep.write_summary(rows, fields, _WORKDIR.value))
   failed = [row["run"] for row in rows if row["status"].startswith("failed")]

@@ -8,6 +8,12 @@ processes join one run with --coordinator_address, --num_processes and
 checkpoint (exit 0); the same command resumes it. A process whose step,
 evaluation or checkpoint makes no progress for --step_timeout seconds stops
 with status 3 (easgd.infra.watchdog); the same command resumes it too.
+
+One run a workdir: a second train.py on a workdir that a run is using is refused
+(exit 2) in one line naming it. --stop_after=STEP stops the run after STEP with a
+checkpoint, as SIGTERM does (a sweep's scheduler trains in such segments);
+--changed_fields=FIELD,... lets those fields differ from the checkpoint's when the
+run resumes, a deliberate change that the run records (population-based training).
 """
 
 import logging as std_logging
@@ -26,6 +32,20 @@ from easgd.train import trainer
 _CONFIG = cli.define_config(cli.packaged_config("default.py"))
 _WORKDIR = flags.DEFINE_string(
   "workdir", None, "Where events and checkpoints go (default: runs/<config.algorithm>)."
+)
+_STOP_AFTER = flags.DEFINE_integer(
+  "stop_after",
+  None,
+  "Stop after this step with a checkpoint, as SIGTERM stops a run (exit 0); the same "
+  "command without it goes on.",
+  lower_bound=1,
+)
+_CHANGED_FIELDS = flags.DEFINE_list(
+  "changed_fields",
+  [],
+  "Config fields (comma-separated) whose values may differ from the checkpoint's when "
+  "the run resumes: a deliberate change, recorded in the run (population-based "
+  "training); only fields a run can change mid-run.",
 )
 _COMPILATION_CACHE = flags.DEFINE_string(
   "compilation_cache",
@@ -59,6 +79,7 @@ def main(argv):
   if problem:
     cli.fail(problem)
   try:
+    hyperparameters.check_mid_run(_CHANGED_FIELDS.value, "--changed_fields")
     runtime = trainer.check(config)
     processes = distributed.requested_processes()
     if processes > 1:  # process 0 serves the coordinator: its port must be free
@@ -80,7 +101,13 @@ def main(argv):
     if backend == "cpu":  # accelerators are devices of their own
       sharding.configure_cpu_devices(devices // processes)
     compile_lib.use_persistent_cache(cache)
-    result = trainer.train_and_evaluate(config, workdir, runtime)
+    result = trainer.train_and_evaluate(
+      config,
+      workdir,
+      runtime,
+      stop_after=_STOP_AFTER.value,
+      changing=_CHANGED_FIELDS.value,
+    )
   except ConfigError as error:
     cli.fail(str(error))
   except CheckpointUnreadable as error:
@@ -92,7 +119,8 @@ def main(argv):
   except (TrainingDiverged, WorkerFailed) as error:
     cli.fail(str(error), code=1)
   if result.preempted:
-    logging.info("stopped by a preemption notice; run the same command to resume")
+    if result.noticed:
+      logging.info("stopped by a preemption notice; run the same command to resume")
     return
   logging.info(
     "done: %s",

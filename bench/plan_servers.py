@@ -92,7 +92,6 @@ def main() -> None:
   parser.add_argument("--repeats", type=integer(1), default=2)
   args = parser.parse_args()
   sharding.configure_cpu_devices(args.workers)
-  import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)
 
   ray_connection.init(  # a Ray of its own, not the one `ray start` last started here
     address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR"
@@ -120,7 +119,7 @@ def main() -> None:
       f"the planner's s {1e3 * service / servers:.2f} ms",
       flush=True,
     )
-  ray.shutdown()
+  ray_connection.shutdown()
 
 
 if __name__ == "__main__":

@@ -90,7 +90,6 @@ def main() -> None:
     platform.make_gpu_deterministic()
   else:
     sharding.configure_cpu_devices(args.workers)  # threads: a device a worker, as ray has
-  import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)
 
   ray_connection.init(  # a Ray of its own, not the one `ray start` last started here
     address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR"
@@ -125,7 +124,7 @@ def main() -> None:
         flush=True,
       )
   print(json.dumps({"rows": [list(map(str, row)) for row in rows]}))
-  ray.shutdown()
+  ray_connection.shutdown()
 
 
 if __name__ == "__main__":

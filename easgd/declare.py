@@ -142,6 +142,11 @@ class Field:
   exclusive: only the algorithms that read it may set it: for the others it
             must stay `off`, and the refusal says what they lack (this phrase).
             Its config value is its setting's (no `convert`).
+  mid_run:  a run may take another value of it when it resumes (a deliberate,
+            recorded change: population-based training's explore), because no
+            part of the state it resumes depends on it; the others, whose value
+            the state's shape or meaning depends on (the workers, the model, an
+            optimizer's kind), may not.
   """
 
   path: str
@@ -155,6 +160,7 @@ class Field:
   off: Any = _SAME
   convert: Callable[[Any], Any] | None = None
   exclusive: str = ""
+  mid_run: bool = False
 
   def __post_init__(self):
     if self.off is _SAME:

@@ -314,6 +314,14 @@ class Plan:
     return "\n".join(lines)
 
 
+def levels_of(rule) -> tuple:
+  """A synchronous rule's levels and their rates (easgd.sim.sizing), () for one level."""
+  levels = rule.levels()
+  if rule.parameter_server() or len(levels) == 1:
+    return ()
+  return tuple(zip(levels, rule.level_rates(), strict=True))
+
+
 def check_plannable(config: ml_collections.ConfigDict) -> None:
   """What the planner needs beyond a valid config; raises ConfigError."""
   trainer.check(config)
@@ -373,6 +381,9 @@ def make_plan(config: ml_collections.ConfigDict) -> Plan:
     compute_time=compute_time,
     period=compiler.rule.period,
     family=sizing.family_of(compiler.rule.policy),
+    levels=levels_of(compiler.rule),
+    workers=config.workers,
+    global_every=config.outer.global_every if compiler.rule.hyper.two_tier else 0,
   )
   return Plan(
     config=config,

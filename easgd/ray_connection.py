@@ -1,7 +1,8 @@
 """Ray as this project joins it: where the cluster is (an address from a flag, a
-config field or RAY_ADDRESS, checked before anything starts), Ray started without
-noise a user would read as an error, and Ray's pages about a lost process in the
-project's own words.
+config field or RAY_ADDRESS, checked before anything starts, its token
+authentication included), Ray started without noise a user would read as an error
+and ended without leftovers, and Ray's pages about a lost process in the project's
+own words.
 
 Light on purpose (no JAX; Ray imported where it is used): train.py's runtime=ray
 and the parallel sweeps check an address this way before they write anything.
@@ -14,6 +15,7 @@ import socket
 import warnings
 from collections.abc import Callable
 
+from easgd import ownership
 from easgd.errors import ConfigError
 
 # Seconds to reach a cluster's address before it is called unreachable.
@@ -76,6 +78,78 @@ def check(address: str, named: str) -> None:
       f"{named}={address!r} accepts connections but does not answer as a Ray head "
       f"(gRPC) within {CONNECT_TIMEOUT:g} s: {ALLOWED}"
     )
+  _check_token(f"{host}:{port}", named, address)
+
+
+# Where Ray looks for the token of a cluster with token authentication, in its order
+# (its AuthenticationTokenLoader): the variable, the file it names, the default file.
+TOKEN_VARIABLE, TOKEN_PATH_VARIABLE = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+DEFAULT_TOKEN = os.path.join("~", ".ray", "auth_token")
+AUTH_MODE_VARIABLE = "RAY_AUTH_MODE"
+TOKEN_ADVICE = (
+  "copy the head's token (`ray get-auth-token` on the head prints it) into "
+  f"{DEFAULT_TOKEN}, or name its file in {TOKEN_PATH_VARIABLE}, or set {TOKEN_VARIABLE}"
+)
+# A method of the GCS that every client calls first, and asks nothing of it.
+_PROBE = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+
+
+def local_token() -> tuple[str | None, str]:
+  """(this machine's Ray token, where it was found), as Ray finds it; (None, where
+  Ray looked) if there is none."""
+  if os.environ.get(TOKEN_VARIABLE):
+    return os.environ[TOKEN_VARIABLE].strip(), TOKEN_VARIABLE
+  path = os.environ.get(TOKEN_PATH_VARIABLE) or os.path.expanduser(DEFAULT_TOKEN)
+  where = f"{TOKEN_PATH_VARIABLE}={path}" if os.environ.get(TOKEN_PATH_VARIABLE) else path
+  try:
+    with open(path) as handle:
+      return handle.read().strip() or None, where
+  except OSError:
+    return None, f"{TOKEN_VARIABLE}, {TOKEN_PATH_VARIABLE} or {DEFAULT_TOKEN}"
+
+
+def _refused(target: str, token: str | None) -> bool | None:
+  """Whether the GCS at `target` refuses a request with `token` (None: no token) as
+  unauthenticated; None if it did not answer the request at all."""
+  import grpc  # noqa: PLC0415 (only a cluster's address is probed)
+
+  metadata = [("authorization", f"Bearer {token}")] if token else None
+  with grpc.insecure_channel(target) as channel:
+    try:
+      channel.unary_unary(_PROBE)(b"", timeout=CONNECT_TIMEOUT, metadata=metadata)
+    except grpc.RpcError as error:
+      if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+        return True
+      return None if error.code() == grpc.StatusCode.UNAVAILABLE else False
+  return False
+
+
+def _check_token(target: str, named: str, address: str) -> None:
+  """Ray 2.60's heads use token authentication where a token was on the head's
+  machine when it started (a local Ray run writes one), and Ray presents a token to
+  an address given explicitly only when told to. A head that refuses a request
+  without a token is presented this machine's: if it takes it, this process and its
+  children present it from now on (RAY_AUTH_MODE=token, as Ray does for 'auto'); if
+  it refuses it, or there is none, ConfigError in one line naming the token."""
+  if not _refused(target, None):
+    return
+  if os.environ.get(AUTH_MODE_VARIABLE, "").lower() == "disabled":
+    raise ConfigError(
+      f"{named}={address!r}: the Ray head there uses token authentication, and "
+      f"{AUTH_MODE_VARIABLE}=disabled here: unset it, and {TOKEN_ADVICE}"
+    )
+  token, where = local_token()
+  if token is None:
+    raise ConfigError(
+      f"{named}={address!r}: the Ray head there uses token authentication, and this "
+      f"machine has no token ({where}): {TOKEN_ADVICE}"
+    )
+  if _refused(target, token):
+    raise ConfigError(
+      f"{named}={address!r}: the Ray head there uses token authentication and refused "
+      f"this machine's token (from {where}): {TOKEN_ADVICE}"
+    )
+  os.environ[AUTH_MODE_VARIABLE] = "token"
 
 
 def system_config() -> dict:
@@ -91,19 +165,64 @@ def system_config() -> dict:
   return {"worker_niceness": 0}
 
 
+# The watchers (easgd.ownership.reap_ray_agents) of the Rays this process started.
+_WATCHERS: list = []
+
+
 def init(**options) -> None:
   """ray.init(**options); a new Ray on this machine (address "local") with
-  `system_config()`. Ray starts its own processes (fork, then exec at once), and a
-  process where JAX has started warns at every fork that forking a multithreaded
-  program may deadlock; a fork followed by exec runs none of the parent's code, so
-  that warning, which reads as an error, is left out here."""
+  `system_config()`, whose processes end with this process however it ends (see
+  easgd.ownership: its agents did not). Ray starts its own processes (fork, then
+  exec at once), and a process where JAX has started warns at every fork that
+  forking a multithreaded program may deadlock; a fork followed by exec runs none of
+  the parent's code, so that warning, which reads as an error, is left out here. A
+  cluster that `check` found to take this machine's token is presented it."""
   import ray  # noqa: PLC0415
 
-  if options.get("address") == "local":
+  local = options.get("address") == "local"
+  if local:
     options = {"_system_config": system_config(), **options}
+  elif os.environ.get(AUTH_MODE_VARIABLE) == "token":
+    # Set by `check`, maybe after Ray read its configuration: read again, as Ray
+    # itself does where it turns token authentication on.
+    from ray._private.authentication import authentication_token_setup  # noqa: PLC0415
+
+    authentication_token_setup._enable_token_auth()
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
     ray.init(**options)
+  if local:
+    raylet = _child_named("raylet")
+    if raylet is not None:
+      watcher = ownership.reap_ray_agents(raylet)
+      if watcher is not None:
+        _WATCHERS.append(watcher)
+
+
+def shutdown() -> None:
+  """ray.shutdown() of a Ray this process started or joined; what a Ray it started
+  leaves of itself is ended."""
+  import ray  # noqa: PLC0415
+
+  ray.shutdown()
+  while _WATCHERS:
+    watcher = _WATCHERS.pop()
+    watcher.stdin.close()
+    watcher.wait()
+
+
+def _child_named(name: str) -> int | None:
+  """The pid of this process's child whose command is `name` (Linux), or None."""
+  for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+    if not entry.isdigit():
+      continue
+    with contextlib.suppress(OSError, IndexError, ValueError):
+      with open(f"/proc/{entry}/stat") as handle:
+        stat = handle.read()
+      command, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+      if command == name and int(rest.split()[1]) == os.getpid():
+        return int(entry)
+  return None
 
 
 # What the raylet's page about a lost process begins with, and its line on a retry.

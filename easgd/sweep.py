@@ -17,7 +17,7 @@ import os
 
 import ml_collections
 
-from easgd import arguments
+from easgd import arguments, executor
 from easgd.config import hyperparameters, validation
 from easgd.errors import ConfigError
 from easgd.infra import checkpoint, scalars
@@ -115,12 +115,14 @@ def check_points(
   each_valid: bool,
   source: str | None = None,
   workdir: str | None = None,
+  changing: tuple[str, ...] = (),
 ) -> None:
   """Every point names existing fields, none set on the command line too, takes
   values of the fields' types and differs from the others; with `each_valid`
   (each point a run of its own) its run folder's name is one folder name, its
   config is valid and, under `workdir`, its folder holds no run of another
-  config (train.py would refuse it). Raises ConfigError naming the point (and
+  config (train.py would refuse it; of the fields `changing`, population-based
+  training's, it may hold other values). Raises ConfigError naming the point (and
   `source`, the sweep's file, when given).
   """
   where = f"{source}: " if source else ""
@@ -159,9 +161,149 @@ def check_points(
       if each_valid:
         trainer.check(swept)
       if run_dir:
-        validation.check_checkpoint(swept, run_dir)
+        validation.check_checkpoint(swept, run_dir, changing)
     except (TypeError, ValueError) as error:
       raise ConfigError(f"{label}: {error}") from None
+
+
+# The scalars a scheduler may read, and whether more is better.
+METRICS = {
+  "eval/center_accuracy": "max",
+  "eval/worker_accuracy": "max",
+  "eval/consensus_distance": "min",
+  "train/loss": "min",
+  "train/accuracy": "max",
+}
+SCHEDULERS = ("asha", "pbt")
+
+
+def schedule(
+  scheduler: str | None,
+  options: dict,
+  points: list[dict],
+  config: ml_collections.ConfigDict,
+  parallel,
+) -> executor.Schedule | None:
+  """The Tune scheduler of the sweep's flags (`options`: metric, mode, grace_steps,
+  reduction_factor, pbt_fields, perturbation_steps, pbt_seed; None where not given),
+  or None without --scheduler. ConfigError (one line naming the flag or field and
+  what is allowed) for what the points could not be scheduled by."""
+  given = [f"--{name}" for name, value in options.items() if value not in (None, [])]
+  if scheduler is None:
+    if given:
+      raise ConfigError(
+        f"{' and '.join(given)} set a scheduler's options, but no --scheduler is given: "
+        f"give --scheduler={'|'.join(SCHEDULERS)}, or drop them"
+      )
+    return None
+  if parallel is None:
+    raise ConfigError(
+      f"--scheduler={scheduler} runs the points as Ray Tune's trials: give --parallel N "
+      "(or --ray_address) too"
+    )
+  others = {
+    "asha": ("pbt_fields", "perturbation_steps", "pbt_seed"),
+    "pbt": ("grace_steps", "reduction_factor"),
+  }
+  other = [f"--{name}" for name in others[scheduler] if options.get(name) not in (None, [])]
+  if other:
+    raise ConfigError(f"{' and '.join(other)} are not options of --scheduler={scheduler}")
+  metric = options.get("metric") or "eval/center_accuracy"
+  if metric not in METRICS:
+    raise ConfigError(f"--metric={metric!r} is invalid: give one of {', '.join(METRICS)}")
+  mode = options.get("mode") or METRICS[metric]
+  runs = [apply(config, point) for point in points]
+  totals = {run.run.total_steps for run in runs}
+  if len(totals) > 1:
+    raise ConfigError(
+      f"--scheduler={scheduler}: the points train {sorted(totals)} steps; a scheduler "
+      "compares points at the same steps: sweep run.total_steps apart"
+    )
+  total = totals.pop()
+  every_name = "eval_every" if metric.startswith("eval/") else "log_every"
+  every_field = f"run.{every_name}"
+  everies = {run.run[every_name] for run in runs}
+  every = everies.pop() if len(everies) == 1 else 0
+  if every <= 0:
+    raise ConfigError(
+      f"--metric={metric}: the points must log it at the same steps (config.{every_field} "
+      "> 0, the same for every point)"
+    )
+
+  def on_log(flag: str, step: int, what: str) -> None:
+    if not 1 <= step < total:
+      raise ConfigError(f"{flag}={step} is invalid: must be in [1, {total}) steps")
+    if step % every:
+      raise ConfigError(
+        f"{flag}: {what} {step} is not a step where the runs log {metric} (every {every} "
+        f"steps, config.{every_field}): give a multiple of {every}"
+      )
+
+  if scheduler == "asha":
+    factor = options.get("reduction_factor") or 3
+    if factor < 2:
+      raise ConfigError(f"--reduction_factor={factor} is invalid: must be an integer >= 2")
+    grace = options.get("grace_steps") or every
+    rungs = []
+    while grace * factor ** len(rungs) < total:
+      on_log("--grace_steps", grace * factor ** len(rungs), "ASHA's rung at step")
+      rungs.append(grace * factor ** (len(rungs)))
+    if not rungs:
+      on_log("--grace_steps", grace, "ASHA's first rung at step")
+    return executor.Schedule("asha", metric, mode, (*rungs, total), reduction_factor=factor)
+  fields = _pbt_fields(options.get("pbt_fields") or [], points, config)
+  interval = options.get("perturbation_steps") or every
+  on_log("--perturbation_steps", interval, "a perturbation at step")
+  steps = (*range(interval, total, interval), total)
+  seed = options.get("pbt_seed") or 0
+  return executor.Schedule("pbt", metric, mode, steps, fields=fields, seed=seed)
+
+
+def _pbt_fields(named: list[str], points: list[dict], config) -> tuple:
+  """(field, its values in the sweep) for each field PBT explores; ConfigError unless
+  each is one a run can change mid-run, read by the points' algorithm and swept, and
+  the points differ in nothing else."""
+  if not named:
+    raise ConfigError(
+      "--scheduler=pbt explores the fields --pbt_fields names (e.g. --pbt_fields="
+      "outer.moving_rate,outer.comm_period): give them"
+    )
+  hyperparameters.check_mid_run(named, "--pbt_fields")
+  if len(points) < 2:
+    raise ConfigError("--scheduler=pbt needs a population: a sweep of at least 2 points")
+  for point in points:
+    run = apply(config, point)
+    if run.runtime != "simulated":
+      raise ConfigError(
+        f"--scheduler=pbt: config.runtime={run.runtime!r}; PBT copies one point's "
+        "checkpoint into another, which only runtime=simulated resumes: a threads or ray "
+        "run's trace follows its own run alone"
+      )
+    for field in named:
+      if not hyperparameters.shapes_trajectory(field, run.algorithm, run.optimizer):
+        raise ConfigError(f"--pbt_fields: {run.algorithm} does not read config.{field}")
+      if field not in point:
+        raise ConfigError(
+          f"--pbt_fields: config.{field} is not swept; PBT explores a field over the values "
+          "get_sweep() gives it: sweep it"
+        )
+  varied = sorted(
+    {field for point in points for field in point if field not in named}
+    - {field for field in points[0] if all(p.get(field) == points[0][field] for p in points)}
+  )
+  if varied:
+    raise ConfigError(
+      f"--pbt_fields: the points differ in {', '.join(f'config.{f}' for f in varied)} too; "
+      "PBT copies one point's run into another, so its points may differ only in the "
+      f"fields it explores ({', '.join(named)})"
+    )
+  fields = []
+  for field in named:
+    values = sorted({point[field] for point in points})
+    if len(values) < 2:
+      raise ConfigError(f"--pbt_fields: config.{field} takes one value in the sweep: sweep more")
+    fields.append((field, tuple(values)))
+  return tuple(fields)
 
 
 def apply(config: ml_collections.ConfigDict, point: dict) -> ml_collections.ConfigDict:

@@ -4,7 +4,7 @@
         [--rules sync_easgd,async_easgd,...] [--set cluster.bandwidth=1.25e7 ...] [--name NAME]
         [--parallel N [--point_cpus C] [--point_gpus G] [--ray_address HOST:PORT]]
 
---parallel N trains N runs at a time, each a Ray task in a process of its own
+--parallel N trains N runs at a time, each a Ray Tune trial in a process of its own
 (easgd.executor, as sweep.py's points): the same runs, the same table.
 
 Trains every registered rule but the center family's reset rules and the

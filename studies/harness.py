@@ -112,7 +112,7 @@ def connected(parallel):
 
 def train_all(runs: list[tuple[str, object, str]], parallel, workdir: str, label: str) -> None:
   """Trains `runs` ((name, config, workdir) each): one after another in this process,
-  or in parallel as Ray tasks (easgd.executor; --parallel). A run that diverges or
+  or in parallel as Ray Tune trials (easgd.executor; --parallel). A run that diverges or
   fails ends the study in one line (exit 1) once the others are done."""
   try:
     jobs = executor.config_jobs(runs, CPU_DEVICES)

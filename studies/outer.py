@@ -6,7 +6,7 @@ equal simulated time and at equal bytes sent, and the peak bytes a step sends.
         [--add_to_table] [--set FIELD=VALUE ...]
         [--parallel N [--point_cpus C] [--point_gpus G] [--ray_address HOST:PORT]]
 
---parallel N trains N runs at a time, each a Ray task in a process of its own
+--parallel N trains N runs at a time, each a Ray Tune trial in a process of its own
 (easgd.executor, as sweep.py's points): the same runs, the same table.
 
 Trains each run (RUNS below: a rule and its recipe) on LeNet-5, 8 workers of

@@ -291,7 +291,6 @@ def main():
   harness.quiet()
   if os.path.exists(args.workdir):
     arguments.fail(f"--workdir: {args.workdir} exists; give a new --workdir")
-  import ray  # noqa: PLC0415 (after the arguments: --help needs no Ray)
 
   ray_connection.init(  # a Ray of its own, not the one `ray start` last started here
     address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR"
@@ -346,7 +345,7 @@ def main():
       values, compute, measured["service"], run_dir("downpour", n_sync, workers, "predicted")
     )
     run["compute_time"], run["service"] = float(np.median(compute)), measured["service"]
-  ray.shutdown()
+  ray_connection.shutdown()
 
   os.makedirs(args.docs, exist_ok=True)
   table = os.path.join(args.docs, "processes_table.md")

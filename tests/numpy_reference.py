@@ -287,6 +287,177 @@ def parameter_server(
   return center_history, worker_histories, staleness
 
 
+def two_tier_parameter_server(
+  x0,
+  batches,
+  grad,
+  *,
+  family,
+  groups,
+  period,
+  durations,
+  message,
+  uplink,
+  master_time,
+  eta,
+  every,
+  weight,
+  global_outer,
+  alpha=0.0,
+  outer=None,
+  until,
+):
+  """HALoS's two tiers (docs/algorithms.md, "Two-tier parameter servers") as a literal
+  event loop: a first-come-first-served server per group of workers (`groups`, sizes
+  of contiguous blocks), a global server, every update at its moment in simulated
+  time, in time order.
+
+  A worker's life is `parameter_server`'s, with its group's server in place of the
+  master (messages `message` either way). A group server serves its queue in
+  order: a worker's request takes `master_time`; its K-th request since the last
+  merge (K = `every`), when no send is in flight, ends by sending d_g = c_g - m_g
+  (reaching the global server `uplink[g]` later). The global server serves sends
+  in order, `master_time` each: x~ <- x~ + global_outer.update(-d_g); its reply
+  x~ reaches the group server `uplink[g]` later and joins its queue, where it
+  takes no time: c_g <- (1 - w) c_g + w x~, m_g <- c_g, the count starts again.
+  family: "elastic" (EASGD: e = alpha (x_i - c_g) at the request) or "local"
+  (Asynchronous Local SGD: the group server's `outer` on a_i - x_i, the reply
+  c_g becoming x_i and a_i); plain SGD steps (-eta g) inside.
+
+  Returns (center_history, group_histories, worker_histories, staleness): x~
+  after each APPLY, each group's c_g after each of its changes, each worker's
+  parameters after each of its updates, and each request's (group, staleness) in
+  the order its group served them (its group server's changes by others, merges
+  included, since the requester's last read).
+  """
+  num_workers = len(batches)
+  group_of = [g for g, size in enumerate(groups) for _ in range(size)]
+  members = [[i for i in range(num_workers) if group_of[i] == g] for g in range(len(groups))]
+  workers = [dict(x0) for _ in range(num_workers)]
+  anchors = [dict(x0) for _ in range(num_workers)]
+  centers = [dict(x0) for _ in groups]
+  merged = [dict(x0) for _ in groups]
+  changes = [None] * len(groups)
+  replies = [None] * len(groups)
+  server_states = [outer.init(x0) if outer else None for _ in groups]
+  center, global_state = dict(x0), global_outer.init(x0)
+  since, in_flight = [0] * len(groups), [False] * len(groups)
+  queues, busy = [[] for _ in groups], [False] * len(groups)
+  global_queue, global_busy = [], [False]
+  center_history, group_histories = [dict(center)], [[dict(c)] for c in centers]
+  worker_histories = [[dict(w)] for w in workers]
+  staleness, missed = [], [0] * num_workers
+  steps, sent, reply = [0] * num_workers, [None] * num_workers, [None] * num_workers
+  events = []
+
+  def at(time, priority, index, name):
+    heapq.heappush(events, (time, priority, index, name))
+
+  def begin(i, time):
+    k = steps[i]
+    if family == "elastic" and (k + 1) % period == 0:
+      sent[i] = dict(workers[i])
+      at(time + message, 1, i, "arrive")
+    else:
+      at(time + durations(i, k), 2, i, "step")
+
+  def changed(g, by=None):
+    group_histories[g].append(dict(centers[g]))
+    for j in members[g]:
+      if j != by:
+        missed[j] += 1
+
+  def serve_next(g, time):
+    while queues[g] and not busy[g]:
+      item = queues[g].pop(0)
+      if item == "merge":
+        centers[g] = {k: (1 - weight) * centers[g][k] + weight * replies[g][k] for k in x0}
+        merged[g] = dict(centers[g])
+        since[g], in_flight[g] = 0, False
+        changed(g)
+        continue
+      i = item
+      staleness.append((g, missed[i]))
+      missed[i] = 0
+      if family == "elastic":
+        increment = _scale(_sub(sent[i], centers[g]), alpha)
+        reply[i] = increment
+        centers[g] = _add(centers[g], increment)
+      else:
+        update, server_states[g] = outer.update(
+          _sub(anchors[i], workers[i]), server_states[g], centers[g]
+        )
+        centers[g] = _add(centers[g], update)
+        reply[i] = dict(centers[g])
+      changed(g, by=i)
+      since[g] += 1
+      busy[g] = True
+      at(time + master_time, 0, i, "served")
+
+  def global_next(time):
+    if global_busy[0] or not global_queue:
+      return
+    nonlocal center, global_state
+    g = global_queue.pop(0)
+    update, global_state = global_outer.update(_scale(changes[g], -1.0), global_state, center)
+    center = _add(center, update)
+    center_history.append(dict(center))
+    replies[g] = dict(center)
+    global_busy[0] = True
+    at(time + master_time, 0, g, "global served")
+
+  for i in range(num_workers):
+    begin(i, 0.0)
+  while events and events[0][0] <= until:
+    time, _, i, name = heapq.heappop(events)
+    if name == "arrive":
+      queues[group_of[i]].append(i)
+      serve_next(group_of[i], time)
+    elif name == "served":
+      g = group_of[i]
+      busy[g] = False
+      if since[g] >= every and not in_flight[g]:
+        in_flight[g] = True
+        changes[g] = _sub(centers[g], merged[g])
+        at(time + uplink[g], 1, g, "at global")
+      at(time + message, 2, i, "reply")
+      serve_next(g, time)
+    elif name == "at global":
+      global_queue.append(i)
+      global_next(time)
+    elif name == "global served":
+      global_busy[0] = False
+      at(time + uplink[i], 0, i, "merge")
+      global_next(time)
+    elif name == "merge":
+      queues[i].append("merge")
+      serve_next(i, time)
+    elif name == "reply" and family == "elastic":
+      at(time + durations(i, steps[i]), 2, i, "step")
+    elif name == "reply":
+      workers[i] = anchors[i] = reply[i]
+      worker_histories[i].append(dict(workers[i]))
+      begin(i, time)
+    else:  # "step": the end of a local step
+      k = steps[i]
+      steps[i] += 1
+      exchanged = family == "elastic" and (k + 1) % period == 0
+      x = sent[i] if exchanged else workers[i]
+      update = _scale(grad(x, batches[i][k]), -eta)
+      if family == "elastic":
+        workers[i] = _add(_sub(x, reply[i]) if exchanged else x, update)
+        worker_histories[i].append(dict(workers[i]))
+        begin(i, time)
+      else:
+        workers[i] = _add(workers[i], update)
+        worker_histories[i].append(dict(workers[i]))
+        if steps[i] % period == 0:
+          at(time + message, 1, i, "arrive")
+        else:
+          begin(i, time)
+  return center_history, group_histories, worker_histories, staleness
+
+
 # BatchNorm statistics under exchanges (docs/algorithms.md, "BatchNorm statistics
 # under exchanges"). The model is BatchNorm on the input features, then one dense
 # layer: parameters {"scale", "shift", "kernel", "bias"}, statistics {"mean", "var"}.

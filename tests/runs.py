@@ -112,9 +112,9 @@ class Process:
   """A command run from the repository, its stdout and stderr collected as it runs.
 
   It leads a process group of its own: once it has ended, `wait` ends what it
-  leaves behind (a run killed with -9 leaves Ray's agent processes running), and
-  a `wait_for` that fails ends the group, so that no later test shares the
-  machine with it.
+  leaves behind (nothing, where it is not killed mid-test: tests/test_ownership.py
+  and tests/test_sweep.py look for survivors), and a `wait_for` that fails ends
+  the group, so that no later test shares the machine with it.
   """
 
   def __init__(self, *args: str, env: dict[str, str] | None = None):

@@ -1,19 +1,16 @@
-"""easgd.executor: the refusals of --parallel's flags, the progress line, and jobs run as
-Ray tasks: retried when their process is lost or stopped, a failure one line, the
-others finished."""
+"""easgd.executor: the refusals of --parallel's flags; jobs one after another handing a
+preemption notice to the one training; jobs as Ray Tune's trials (easgd.tuning): run
+again when their process is lost, a failure one line, the others finished, each with
+the environment a job is given."""
 
-import os
 import signal
 import sys
-import warnings
+import types
 
-import jax
 import pytest
-import ray
 
 from easgd import executor
 from easgd.errors import ConfigError
-from easgd.train import loop
 
 
 def _closed_port() -> int:
@@ -73,123 +70,97 @@ def test_a_run_asking_more_than_any_node_has_is_refused():
   assert "more than any node of the Ray cluster has (the most: 8 CPUs, 1 GPUs)" in str(error.value)
 
 
-def test_statuses_and_the_progress_line(tmp_path, monkeypatch):
-  assert [executor.Outcome(code).status for code in (0, 1, 2)] == [
-    "done",
-    "diverged",
-    "failed (exit 2)",
-  ]
-  assert executor.Outcome(None, "lost: NodeDiedError").status == "failed (lost: NodeDiedError)"
-  assert [executor.Outcome(c).failed for c in (0, 1, 2, None)] == [False, False, True, True]
-  jobs = [executor.Job(name, str(tmp_path / name), 300, print) for name in "abc"]
-  progress = executor.Progress(jobs)
-  for number in range(3):
-    progress.start(number)
-  # The progress lines of the run's loop, as its log holds them.
-  lines = []
-  monkeypatch.setattr(
-    loop.logging, "info", lambda text, *args: lines.append(text % args if args else text)
+def _job(tmp_path, name: str, code: str, total: int = 10) -> executor.Job:
+  """A job whose "train.py" is `code`, run by Python in the job's folder W (a
+  checkpoint is a folder W/checkpoints/STEP)."""
+  workdir = tmp_path / name
+  workdir.mkdir()
+  program = f"import os, signal, sys, time\nW = {str(workdir)!r}\n{code}"
+  return executor.Job(name, str(workdir), total, (sys.executable, "-c", program))
+
+
+SAVES = "os.makedirs(os.path.join(W, 'checkpoints', '{step}'))"
+
+
+def test_one_after_another_a_notice_is_handed_to_the_run_training_and_stops_the_rest(tmp_path):
+  """A SIGTERM to the process that runs the jobs one after another goes to the job's
+  process, which saves where it is (as train.py does); the jobs after it wait for the
+  same command: Stopped."""
+  noticed = (
+    "signal.signal(signal.SIGTERM, lambda *_: (" + SAVES.format(step=5) + ", sys.exit(0)))\n"
+    "os.kill(os.getppid(), signal.SIGTERM)\n"  # the notice, to the process of the jobs
+    "time.sleep(120)\n"  # until it is handed on
   )
-  run_progress = loop.Progress(0, 300)
-  run_progress.report(100, {"train/loss": 0.5})
-  run_progress.report(200, {"train/loss": 0.4})
-  (tmp_path / "a").mkdir()
-  (tmp_path / "a" / executor.LOG).write_text("".join(f"I1128 loop.py:186] {t}\n" for t in lines))
-  line = progress.line(1, [0], {1: executor.Outcome(0)})
-  assert line.startswith("1 queued, 1 running (a at 200/300), 1 finished, 0 failed, about ")
-  assert line.endswith(" left")
-
-
-def test_a_train_py_killed_or_stopped_short_in_a_task_is_stopped(tmp_path, monkeypatch):
-  python = [sys.executable, "-c"]
-  killed, stopped = "import os; os.kill(os.getpid(), 9)", "pass"  # exit 0, no checkpoint of step 10
-  # One after another, train.py's exit status, as the serial sweep always reported it.
-  assert executor.train_py([*python, killed], str(tmp_path), 10) == -9
-  assert executor.train_py([*python, stopped], str(tmp_path), 10) == 0
-  # In a Ray task: Stopped, which Ray retries.
-  monkeypatch.setattr(executor, "_IN_TASK", True)
-  with pytest.raises(executor.Stopped, match="died of signal 9"):
-    executor.train_py([*python, killed], str(tmp_path), 10)
-  with pytest.raises(executor.Stopped, match="stopped before its last step"):
-    executor.train_py([*python, stopped], str(tmp_path), 10)
-  assert executor.train_py([*python, "raise SystemExit(3)"], str(tmp_path), 10) == 3
-
-
-def test_one_after_another_a_stopped_run_stops_the_runs_after_it(tmp_path):
-  started = []
-
-  def job(name: str, stops: bool) -> executor.Job:
-    def call():
-      started.append(name)
-      if stops:
-        raise executor.Stopped("it stopped before its last step")  # a preemption notice
-      return 0
-
-    return executor.Job(name, str(tmp_path / name), 10, call)
-
-  with pytest.raises(executor.Stopped):
-    executor.run([job("a", False), job("b", True), job("c", False)], None, str(tmp_path))
-  assert started == ["a", "b"]  # c waits for the same command to resume it
-
-
-# ---- Jobs on a Ray on this machine ----
-
-
-def _killed_once(marker: str) -> int:
-  """Its process dies of SIGKILL the first time, then it finishes."""
-  visible, platforms = os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("JAX_PLATFORMS")
-  print(f"visible GPUs: {visible!r}, JAX_PLATFORMS: {platforms!r}", flush=True)
-  if not os.path.exists(marker):
-    open(marker, "w").close()
-    os.kill(os.getpid(), signal.SIGKILL)
-  return 0
-
-
-def _stopped_once(marker: str) -> int:
-  """Stopped before its last step the first time (as a SIGTERM'd train.py), then diverges."""
-  if not os.path.exists(marker):
-    open(marker, "w").close()
-    raise executor.Stopped("it stopped before its last step")
-  return 1
-
-
-def _raises() -> int:
-  raise ValueError("a broken run\nwith a second line")
+  jobs = [
+    _job(tmp_path, "a", SAVES.format(step=10)),
+    _job(tmp_path, "b", noticed),
+    _job(tmp_path, "c", SAVES.format(step=10)),
+  ]
+  said = []
+  own = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(executor.Stopped, match="b saved its step 5"):
+    executor.run(jobs, None, str(tmp_path), say=lambda line, **_: said.append(line))
+  assert said == ["run: a", "run: b"] and not (tmp_path / "c" / "checkpoints").exists()
+  assert signal.getsignal(signal.SIGTERM) is own
 
 
 @pytest.mark.e2e  # a Ray of its own
-def test_jobs_on_ray_are_retried_when_lost_and_a_failure_leaves_the_others(tmp_path):
-  ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tests/ is not on Ray's path
+def test_jobs_on_tune_are_run_again_when_lost_and_a_failure_leaves_the_others(tmp_path):
+  shown = "print(repr(os.environ.get('CUDA_VISIBLE_DEVICES')), os.environ.get('JAX_PLATFORMS'))\n"
   jobs = [
-    executor.Job("killed", str(tmp_path / "killed"), 10, _killed_once, (str(tmp_path / "k"),)),
-    executor.Job("raises", str(tmp_path / "raises"), 10, _raises),
-    executor.Job("stopped", str(tmp_path / "stopped"), 10, _stopped_once, (str(tmp_path / "s"),)),
+    _job(  # its process dies of SIGKILL the first time: Tune runs it again
+      tmp_path,
+      "killed",
+      shown
+      + "if not os.path.exists(W + '/once'):\n"
+      + "  open(W + '/once', 'w').close(); os.kill(os.getpid(), signal.SIGKILL)\n"
+      + SAVES.format(step=10),
+    ),
+    _job(tmp_path, "fails", "sys.exit(3)"),
+    _job(tmp_path, "diverges", "sys.exit(1)"),
   ]
   said = []
   parallel = executor.Parallel(points=2, cpus=1, retries=1)
-  # Ray's start forks processes of its own here, where JAX runs: no warning of it.
-  jax.devices()  # JAX's backend started, as in a run (it warns at a fork from then on)
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    with executor.connected(parallel):
-      # Every node (this one) sees the folder: nothing is left of the check.
-      executor.check_shared(str(tmp_path / "shared"), parallel)
-      assert list((tmp_path / "shared").iterdir()) == []
-      outcomes = executor.run(
-        jobs, parallel, str(tmp_path), label="t", say=lambda line, **_: said.append(line)
-      )
-  assert not [w for w in caught if "os.fork() was called" in str(w.message)]
-  assert [o.status for o in outcomes] == ["done", "failed (ValueError: a broken run)", "diverged"]
+  outcomes = executor.run(
+    jobs, parallel, str(tmp_path), label="t", say=lambda line, **_: said.append(line)
+  )
+  assert [o.status for o in outcomes] == ["done", "failed (exit 3)", "diverged"]
+  import ray  # noqa: PLC0415
+
   assert not ray.is_initialized()  # the Ray it started is shut down
-  # Each job's line (a retry's and the 30 s progress line, which a slow machine
-  # reaches, aside).
-  ended = [line for line in said if "Ray runs it again" not in line and " queued, " not in line]
-  assert sorted(ended) == [
-    "t: killed done",
-    f"t: raises failed (ValueError: a broken run); its output: {tmp_path / 'raises' / 'train.log'}",
-    "t: stopped diverged",
-  ]
+  assert "t: killed lost its process or stopped short; Tune runs it again, from its checkpoint" in (
+    said
+  )
+  ended = [line for line in said if "Tune runs it again" not in line and " so far" not in line]
+  assert sorted(ended) == ["t: diverges diverged", "t: fails failed (exit 3)", "t: killed done"]
   log = (tmp_path / "killed" / executor.LOG).read_text()
-  # Two processes, each with no GPU to see and JAX on the CPU (the job asked for no GPU).
+  # Two processes, each shown no GPU and JAX on the CPU (the job asked for no GPU).
   assert log.count("==== started in process") == 2
-  assert log.count("visible GPUs: '', JAX_PLATFORMS: 'cpu'") == 2
+  assert log.count("'' cpu") == 2
+  assert (tmp_path / "tune" / "tuner.pkl").is_file()  # Tune's experiment, for a rerun
+
+
+def test_the_progress_line_counts_the_points_ended_running_and_waiting():
+  from easgd import tuning  # noqa: PLC0415 (Ray Tune)
+  from easgd.train import trainer  # noqa: PLC0415
+
+  assert tuning.CHANGES_FILE == trainer.CHANGES_FILE  # the exploits' record is the run's
+
+  def trial(status, **result):
+    return types.SimpleNamespace(status=status, last_result=result, error_msg="")
+
+  trials = [
+    trial("TERMINATED", outcome="done", step=300),
+    trial("TERMINATED", outcome="segment", step=100),  # stopped by ASHA
+    trial("ERROR"),
+    trial("RUNNING"),
+    trial("PAUSED"),
+  ]
+  assert tuning.progress(trials, 6) == (
+    "3 of 6 points ended (1 done, 1 stopped early, 1 failed), 1 running, 2 waiting"
+  )
+  assert [tuning._outcome(t).status for t in trials[:3]] == [
+    "done",
+    "stopped early (step 100)",
+    "failed (lost)",
+  ]

@@ -21,6 +21,7 @@ LAYERS = (
     "easgd.arguments",
     "easgd.durations",
     "easgd.ray_connection",
+    "easgd.ownership",
     "easgd.algorithm",
   ),
   ("easgd.models",),
@@ -30,7 +31,16 @@ LAYERS = (
   ("easgd.steps", "easgd.evaluation", "easgd.pipeline", "easgd.assembly", "easgd.registry"),
   ("easgd.config",),
   ("easgd.train",),
-  ("easgd.cli", "easgd.plan", "easgd.sweep", "easgd.executor", "easgd.launch", "easgd.configs"),
+  (
+    "easgd.cli",
+    "easgd.plan",
+    "easgd.sweep",
+    "easgd.executor",
+    "easgd.jobs",
+    "easgd.tuning",
+    "easgd.launch",
+    "easgd.configs",
+  ),
   ("easgd.studies",),
 )
 # Spelled in pieces so that this file does not name them itself.

@@ -157,6 +157,19 @@ RUNS = {
     r"^wrote .*faults_table.md; .*faults.md's table of every fault left as it is",
     {"faults_table.md": r"^\| SIGTERM to the only process \| .* \| bitwise equal \|$"},
   ),
+  "studies/hierarchy.py": (
+    (
+      "--workdir={tmp}/runs",
+      "--docs={tmp}",
+      "--total_steps=25",
+      "--seeds=1",
+      "--runs=hierarchical_easgd,async_local_sgd-two-tier",
+      "--ratios=1,100",
+      MLP,
+    ),
+    r"^\| async_local_sgd-two-tier \| 100x \| [^|]+ \| \d\.\d{3} \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$",
+    {"hierarchy_table.md": None, "hierarchy.png": None},
+  ),
   "studies/outer.py": (
     (
       "--workdir={tmp}/runs",

@@ -5,10 +5,12 @@ import csv
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -121,62 +123,6 @@ def test_a_finished_sweep_is_skipped_when_run_again(finished_sweep):
   assert read_summary(workdir) == before
 
 
-def _train_py_processes(workdir) -> list[int]:
-  """The pids of the train.py processes writing under `workdir`."""
-  found = []
-  for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-      with open(f"/proc/{pid}/cmdline", "rb") as handle:
-        arguments = handle.read().split(b"\0")
-    except OSError:
-      continue  # ended meanwhile
-    if any(arg.startswith(f"--workdir={workdir}".encode()) for arg in arguments):
-      found.append(int(pid))
-  return found
-
-
-def test_a_parallel_sweep_killed_and_run_again_ends_with_the_serial_runs_bits(
-  finished_sweep, tmp_path
-):
-  config, serial, _ = finished_sweep
-  workdir = tmp_path / "parallel"
-  flags = ["--config.outer.comm_period=2", "--parallel=2"]
-  command = [sys.executable, "sweep.py", f"--config={config}", f"--workdir={workdir}", *flags]
-  # sweep.py alone is killed once a point has logged its first steps (or earlier,
-  # if it ended first: the same command must finish it either way). The bounds
-  # only end a failing test.
-  first = subprocess.Popen(
-    command, cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-  )
-  try:
-    bound = time.monotonic() + 300
-    while first.poll() is None and not any(
-      "step 25/50" in log.read_text() for log in workdir.glob("*/train.log")
-    ):
-      assert time.monotonic() < bound, "no point logged a step"
-      time.sleep(0.1)
-    first.kill()
-    first.wait()
-    # Its Ray ends with it, and each point's train.py with the Ray process that
-    # started it: none is left writing into the folders the next command resumes.
-    bound = time.monotonic() + 120
-    while [pid for pid in _train_py_processes(workdir) if _alive(pid)]:
-      assert time.monotonic() < bound, "a point's train.py outlived the sweep that started it"
-      time.sleep(0.1)
-  finally:
-    with contextlib.suppress(ProcessLookupError):
-      os.killpg(first.pid, signal.SIGKILL)  # what Ray leaves of itself
-  again = sweep_cli(config, workdir, *flags)
-  assert again.returncode == 0, again.stderr[-3000:]
-  assert read_summary(workdir) == read_summary(serial)
-  for row in read_summary(serial):
-    if row["status"] == "done":
-      runs.assert_same_bits(serial / row["run"], workdir / row["run"], 50)
-    assert (
-      f"{row['run']} {row['status']}" in again.stdout or f"{row['run']} is finished" in again.stdout
-    )
-
-
 def _alive(pid: int) -> bool:
   """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
   try:
@@ -184,6 +130,187 @@ def _alive(pid: int) -> bool:
       return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
   except OSError:
     return False
+
+
+def _left_of(session: int) -> list[str]:
+  """What runs of the session `session` (a sweep started as its leader: its Ray, its
+  points' train.py processes, Ray's agents)."""
+  left = []
+  for entry in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      if os.getsid(int(entry)) == session and _alive(int(entry)):
+        with open(f"/proc/{entry}/cmdline", "rb") as handle:
+          left.append(handle.read().replace(b"\0", b" ")[:120].decode())
+    except OSError:
+      continue  # ended meanwhile
+  return left
+
+
+# A hang guard only: each wait ends as soon as what it waits for is seen.
+BOUND = 400.0
+
+
+def _until(done, what: str, bound: float = BOUND) -> None:
+  deadline = time.monotonic() + bound
+  while not done():
+    assert time.monotonic() < deadline, what
+    time.sleep(0.1)
+
+
+def _logged(workdir, text: str, sizes: dict | None = None) -> bool:
+  """Whether a point's train.log under `workdir` says `text` (past `sizes`, its size
+  then, if given)."""
+  for log in workdir.glob("*/train.log"):
+    with open(log, "rb") as handle:
+      handle.seek((sizes or {}).get(log, 0))
+      if text.encode() in handle.read():
+        return True
+  return False
+
+
+def _stopped(sweep: runs.Process, how: signal.Signals) -> tuple[int, str]:
+  """The sweep sent `how` (its process alone): its exit status and output, once
+  nothing of its session is left (its Ray, its train.py processes, Ray's agents)."""
+  sweep.popen.send_signal(how)
+  code = sweep.popen.wait(timeout=BOUND)
+  # Within half of the minute Ray's agents took on their own.
+  _until(lambda: not _left_of(sweep.popen.pid), f"left: {_left_of(sweep.popen.pid)}", 30)
+  sweep.wait(60)
+  return code, sweep.output()
+
+
+def _assert_resumed_to_the_serial_bits(serial, workdir, done) -> None:
+  """The summary's rows are the serial sweep's, and so are the bits of its runs, but
+  for points a scheduler stopped (each kept its checkpoint of that step alone)."""
+  rows = {row["run"]: row for row in read_summary(workdir)}
+  for row in read_summary(serial):
+    got = rows[row["run"]]
+    if got["status"].startswith("stopped early"):
+      assert got["status"] == "stopped early (step 25)" and row["status"] == "done"
+      assert runs.steps_saved(workdir / row["run"]) == [25]
+      continue
+    assert got == row
+    if row["status"] == "done":
+      runs.assert_same_bits(serial / row["run"], workdir / row["run"], 50)
+    assert f"{row['run']} {row['status']}" in done or f"{row['run']} is finished" in done
+
+
+def test_a_parallel_asha_sweep_stopped_killed_and_run_again_ends_with_the_serial_bits(
+  finished_sweep, tmp_path
+):
+  """SIGTERM (a preemption): the running points save and the sweep exits 0 saying what
+  to rerun; kill -9: nothing of it is left within seconds; the same command restores
+  Tune's experiment and ends with the serial sweep's runs, bit for bit, but for the
+  points ASHA stopped at its rung (step 25)."""
+  config, serial, _ = finished_sweep
+  workdir = tmp_path / "parallel"
+  flags = [
+    "--config.outer.comm_period=2",
+    "--config.run.eval_every=25",  # a rung: evaluations change no bit of a run
+    "--parallel=2",
+    "--scheduler=asha",
+    "--reduction_factor=2",
+  ]
+  command = ("sweep.py", f"--config={config}", f"--workdir={workdir}", *flags)
+  sweep = runs.Process(*command)
+  _until(lambda: _logged(workdir, "step 25/50") or sweep.popen.poll() is not None, "no step")
+  code, said = _stopped(sweep, signal.SIGTERM)
+  assert code == 0 and "sweep: stopped by a preemption notice (" in said, said[-3000:]
+  assert f"run the same command to resume: python {' '.join(command)}" in said
+
+  sizes = {log: log.stat().st_size for log in workdir.glob("*/train.log")}
+  sweep = runs.Process(*command)
+  _until(
+    lambda: _logged(workdir, "training data:", sizes) or sweep.popen.poll() is not None,
+    "no point started",
+  )
+  code, said = _stopped(sweep, signal.SIGKILL)
+  assert code == -signal.SIGKILL, said[-3000:]
+
+  again = sweep_cli(config, workdir, *flags)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "sweep: resuming the sweep's Tune experiment in " in again.stdout
+  _assert_resumed_to_the_serial_bits(serial, workdir, again.stdout)
+
+
+def test_a_serial_sweep_stopped_and_killed_leaves_nothing_and_resumes_to_its_bits(
+  finished_sweep, tmp_path, starter
+):
+  """One sweep a workdir (a second is refused naming the first); SIGTERM: the running
+  point saves and the sweep exits 0 saying what to rerun; kill -9: its train.py ends
+  with it; the same command ends with the serial sweep's bits."""
+  config, serial, _ = finished_sweep
+  workdir = tmp_path / "serial"
+  command = ("sweep.py", f"--config={config}", f"--workdir={workdir}")
+  flags = ("--config.outer.comm_period=2",)
+  sweep = runs.Process(*command, *flags)
+  sweep.wait_for(r"step 25/50", BOUND)
+  code, _, stderr = starter.run([*command, *flags], REPO)
+  assert code == 2 and f"is in use by process {sweep.popen.pid} on " in stderr, stderr[-2000:]
+  code, said = _stopped(sweep, signal.SIGTERM)
+  assert code == 0 and "sweep: stopped by a preemption notice (point 1/3 " in said, said[-3000:]
+
+  sweep = runs.Process(*command, *flags)
+  sweep.wait_for(r"sweep: point 2/3 (.|\n)*training data:", BOUND)
+  code, said = _stopped(sweep, signal.SIGKILL)
+  assert code == -signal.SIGKILL, said[-3000:]
+
+  again = sweep_cli(config, workdir, *flags)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert read_summary(workdir) == read_summary(serial)
+  for row in read_summary(serial):
+    if row["status"] == "done":
+      runs.assert_same_bits(serial / row["run"], workdir / row["run"], 50)
+
+
+def test_a_pbt_sweep_copies_the_better_points_run_and_records_what_it_changed(
+  finished_sweep, tmp_path
+):
+  """Population-based training over the learning rate, two points, a round at step 25:
+  the lower point copies the upper one's checkpoint and explores (its learning rate
+  one of the sweep's, recorded where it changed)."""
+  config, _, _ = finished_sweep
+  pbt = tmp_path / "pbt.py"
+  pbt.write_text(
+    config.read_text().replace(
+      'sweep.product({"optimizer.learning_rate": [0.05, 1e6, 0.2], "outer.moving_rate": [0.1]})',
+      'sweep.product({"optimizer.learning_rate": [0.05, 0.2]})',
+    )
+  )
+  flags = [
+    "--config.outer.comm_period=2",
+    "--config.run.eval_every=25",
+    "--parallel=2",
+    "--scheduler=pbt",
+    "--pbt_fields=optimizer.learning_rate",
+  ]
+  workdir = tmp_path / "runs"
+  result = sweep_cli(pbt, workdir, *flags)
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = {row["run"]: row for row in read_summary(workdir)}
+  names = ["optimizer.learning_rate=0.05", "optimizer.learning_rate=0.2"]
+  assert sorted(rows) == names and [rows[name]["status"] for name in names] == ["done", "done"]
+  # The lower point at step 25 copied the upper one's checkpoint of step 25 and
+  # explored: its learning rate is now one of the sweep's, recorded if it changed.
+  copied = [
+    (number, name)
+    for number, name in enumerate(names)
+    if "checkpoint of step 25 (population-based training's exploit)"
+    in (workdir / name / "train.log").read_text()
+  ]
+  [(lower, name)] = copied
+  rate = float(rows[name]["optimizer.learning_rate"])
+  assert rate in (0.05, 0.2)
+  upper_rate = (0.05, 0.2)[1 - lower]
+  # Its history: the copy (the other point's values in place of its own), then its
+  # explore where that moved a value (train.py's record of the change it resumed with).
+  changes = (workdir / name / "config_changes.jsonl").read_text().splitlines()
+  copy = {"optimizer.learning_rate": [(0.05, 0.2)[lower], upper_rate]}
+  records = [{"step": 25, "copied": names[1 - lower], "fields": copy}]
+  if rate != upper_rate:
+    records.append({"step": 25, "fields": {"optimizer.learning_rate": [upper_rate, rate]}})
+  assert [json.loads(line) for line in changes] == records
+  assert (workdir / "tune" / "pbt_global.txt").is_file()  # Tune's own record of the rounds
 
 
 def test_a_sweep_whose_points_fail_writes_its_summary_and_exits_1(tmp_path, starter):
@@ -321,6 +448,39 @@ def test_tensorboard_serves_every_run_with_scalars_and_hparams(which, request):
       ["--pipeline", "--parallel=2"],
       "--pipeline is one run of one process: drop --parallel",
     ),
+    # Tune's schedulers: their flags, each named with what is allowed.
+    ('[{"optimizer.learning_rate": 0.1}]', ["--grace_steps=10"], "--grace_steps set a scheduler"),
+    (
+      '[{"optimizer.learning_rate": 0.1}]',
+      ["--scheduler=asha"],
+      "--scheduler=asha runs the points as Ray Tune's trials: give --parallel N",
+    ),
+    (
+      '[{"optimizer.learning_rate": 0.1}]',
+      ["--parallel=2", "--scheduler=asha", "--reduction_factor=1"],
+      "--reduction_factor=1 is invalid: must be an integer >= 2",
+    ),
+    (
+      '[{"optimizer.learning_rate": 0.1}]',
+      ["--parallel=2", "--scheduler=asha", "--grace_steps=30"],
+      "--grace_steps: ASHA's rung at step 30 is not a step where the runs log "
+      "eval/center_accuracy (every 50 steps, config.run.eval_every)",
+    ),
+    (
+      '[{"optimizer.learning_rate": 0.1}, {"optimizer.learning_rate": 0.2}]',
+      ["--parallel=2", "--scheduler=pbt", "--pbt_fields=workers"],
+      "--pbt_fields: config.workers cannot change in the middle of a run",
+    ),
+    (
+      '[{"optimizer.learning_rate": 0.1}, {"optimizer.learning_rate": 0.2}]',
+      ["--parallel=2", "--scheduler=pbt", "--pbt_fields=outer.moving_rat"],
+      "--pbt_fields: config.outer.moving_rat does not exist",
+    ),
+    (
+      '[{"optimizer.learning_rate": 0.1}, {"optimizer.learning_rate": 0.2}]',
+      ["--parallel=2", "--scheduler=pbt", "--pbt_fields=outer.moving_rate"],
+      "--pbt_fields: config.outer.moving_rate is not swept",
+    ),
   ],
 )
 def test_bad_sweep_exits_2_with_one_line_and_runs_nothing(
@@ -378,3 +538,110 @@ def test_a_sweep_does_not_overwrite_a_summary_it_did_not_write(tmp_path):
   assert len(errors) == 1 and "summary.md' exists and was not written by this tool" in errors[0]
   assert sorted(p.name for p in workdir.iterdir()) == ["summary.md"]
   assert (workdir / "summary.md").read_text() == "my own summary\n"
+
+
+def _block(path: str, marker: str) -> str:
+  """The ```bash block of the file at `path` (from the repository) that holds `marker`."""
+  with open(os.path.join(REPO, path)) as handle:
+    blocks = handle.read().split("```bash\n")[1:]
+  [block] = [block.split("```")[0] for block in blocks if marker in block]
+  return block
+
+
+# Stand-ins for SLURM's commands on one machine: the allocation's first node is this
+# one, and srun starts a command here, but for the other nodes (--exclude), which
+# this machine does not have.
+SCONTROL = "#!/bin/bash\necho 127.0.0.1\n"
+SRUN = """#!/bin/bash
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --exclude=*) exit 0 ;;
+    -w) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+exec "$@"
+"""
+
+
+def test_the_slurm_recipe_runs_as_written_on_a_head_with_token_authentication(
+  tmp_path, monkeypatch
+):
+  """docs/running.md's SLURM script, on this machine, with a token in its home (as any
+  earlier local Ray run leaves one): the head uses token authentication and the
+  sweep's explicit address passes it; a token the head refuses, or none, is one line.
+  The script is run as written but for a free port for 6379 (and for Ray's own fixed
+  ports), a small config for the example's, and a workdir under the test's folder."""
+  from easgd import ray_connection  # noqa: PLC0415
+  from easgd.errors import ConfigError  # noqa: PLC0415
+
+  home, stand_ins = tmp_path / "home", tmp_path / "bin"
+  (home / ".ray").mkdir(parents=True)
+  token = "0123456789abcdef0123456789abcdef"
+  (home / ".ray" / "auth_token").write_text(token)
+  stand_ins.mkdir()
+  for name, text in (("scontrol", SCONTROL), ("srun", SRUN)):
+    (stand_ins / name).write_text(text)
+    (stand_ins / name).chmod(0o755)
+  port, client, agent = _free_port(), _free_port(), _free_port()
+  config = write_config(tmp_path, '[{"optimizer.learning_rate": 0.1}]')
+  script = (
+    _block("docs/running.md", "#SBATCH")
+    .replace(
+      "--port=6379",
+      f"--port={port} --ray-client-server-port={client} --dashboard-agent-listen-port={agent}",
+    )
+    .replace(":6379", f":{port}")
+    .replace("/6379", f"/{port}")
+    .replace("configs/sweep_example.py", str(config))
+    .replace('"runs/', f'"{tmp_path}/runs/')
+  )
+  assert "6379" not in script
+  (tmp_path / "sweep.sh").write_text(script)
+  ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's sockets want a short path
+  environment = {
+    **os.environ,
+    "HOME": str(home),
+    "RAY_TMPDIR": ray_tmp,
+    "PATH": os.pathsep.join([str(stand_ins), os.path.dirname(sys.executable), os.environ["PATH"]]),
+    "SLURM_JOB_NODELIST": "node[1-4]",
+    "SLURM_JOB_ID": "7",
+  }
+  log = tmp_path / "sweep.log"  # a file: the head's srun, in the background, keeps it open
+  with open(log, "w") as output:
+    job = subprocess.Popen(
+      ["bash", str(tmp_path / "sweep.sh")],
+      cwd=REPO,
+      env=environment,
+      stdout=output,
+      stderr=subprocess.STDOUT,
+      start_new_session=True,
+    )
+  try:
+    job.wait(timeout=BOUND)
+    output = log.read_text()
+    assert job.returncode == 0, output[-3000:]
+    [row] = read_summary(tmp_path / "runs" / "sweep_7")
+    assert row["status"] == "done", output[-3000:]
+    # The head, still up (srun's ray start --block), wants a token: others are refused.
+    address = f"127.0.0.1:{port}"
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no token here
+    with pytest.raises(ConfigError, match="uses token authentication, and this machine has no"):
+      ray_connection.check(address, "--ray_address")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "f" * 32)
+    with pytest.raises(ConfigError, match=r"refused this machine's token \(from RAY_AUTH_TOKEN\)"):
+      ray_connection.check(address, "--ray_address")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    ray_connection.check(address, "--ray_address")
+    assert os.environ["RAY_AUTH_MODE"] == "token"  # what this process presents from now on
+  finally:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(job.pid, signal.SIGTERM)  # ray start --block ends the head's processes
+    try:
+      _until(lambda: not _left_of(job.pid), f"left: {_left_of(job.pid)}", 60)
+    finally:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(job.pid, signal.SIGKILL)
+      shutil.rmtree(ray_tmp, ignore_errors=True)

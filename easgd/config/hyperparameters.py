@@ -25,6 +25,7 @@ import ml_collections
 from easgd.config import fields
 from easgd.data import stream
 from easgd.declare import Shapes
+from easgd.errors import ConfigError
 from easgd.pipeline import algorithm as pipeline
 from easgd.registry import ALGORITHMS
 from easgd.rules import optimizers
@@ -177,6 +178,25 @@ def _declared_shapes(field: str) -> Shapes:
 def _read_by(field: str, algorithm: str) -> bool:
   """Whether `algorithm` declares that it reads `field` (or its group)."""
   return any(field == read or field.startswith(read + ".") for read in reads(algorithm))
+
+
+def mid_run_fields() -> tuple[str, ...]:
+  """The fields a run may change when it resumes (declared `mid_run`)."""
+  return tuple(field.path for field in fields.FIELDS_DECLARED if field.mid_run)
+
+
+def check_mid_run(changing: Iterable[str], named: str) -> None:
+  """ConfigError (one line naming `named`, where they were given) unless every field of
+  `changing` is one a run may change when it resumes."""
+  allowed = mid_run_fields()
+  for field in changing:
+    if field not in fields.FIELDS:
+      raise ConfigError(f"{named}: {hint(field)}")
+    if field not in allowed:
+      raise ConfigError(
+        f"{named}: config.{field} cannot change in the middle of a run (the state it "
+        f"resumes depends on it); fields that can: {', '.join(allowed)}"
+      )
 
 
 def units(config: ml_collections.ConfigDict) -> int:

@@ -31,7 +31,10 @@ reads it (each rule declares the fields it reads, `Rule.reads`; an optimizer
 field only where the optimizer and its schedule use it; `run.total_steps`
 under a schedule other than constant; `run.devices` for the pipeline);
 *never*: it may change when a run is resumed. Only the fields that shape it
-are hyper-parameters (TensorBoard's HParams) and must match a checkpoint's.
+are hyper-parameters (TensorBoard's HParams) and must match a checkpoint's;
+of those, the ones marked *changes mid-run* may take another value when a run
+resumes if the command asks for it by name (train.py `--changed_fields`,
+population-based training's explore: docs/running.md), which the run records.
 """
 
 RULE_DEFAULTS = """\
@@ -73,7 +76,7 @@ def render() -> str:
         f"`{field.path}`",
         f"`{_cell(_value(field.default))}`",
         _cell(field.allowed.text),
-        field.shapes.value,
+        field.shapes.value + ("; changes mid-run" if field.mid_run else ""),
         _cell(field.doc),
       )
       lines.append(f"| {' | '.join(cells)} |")

@@ -10,6 +10,8 @@ easgd.pipeline.algorithm). What a runtime asks is the runtime's
 easgd.config.hyperparameters.
 """
 
+from collections.abc import Iterable
+
 import ml_collections
 
 from easgd.config import fields, hyperparameters
@@ -81,12 +83,20 @@ def validate_partition(config: ml_collections.ConfigDict, train_examples: int, p
 
 
 def check_resumable(
-  saved: dict, config: ml_collections.ConfigDict, workdir: str, revision: int
+  saved: dict,
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  revision: int,
+  changing: Iterable[str] = (),
 ) -> None:
   """A workdir's checkpoint may only be resumed by a configuration that trains the same
   trajectory: only fields that do not shape it (easgd.config.hyperparameters) may differ,
   and its algorithm's equations must not have changed since the checkpoint's
-  `revision` (easgd.infra.checkpoint.REVISION, `Algorithm.changed_since`)."""
+  `revision` (easgd.infra.checkpoint.REVISION, `Algorithm.changed_since`). The fields
+  of `changing` may differ too, a deliberate change (train.py --changed_fields), if
+  each is one a run can change mid-run; an accidental change stays refused."""
+  changing = set(changing)
+  hyperparameters.check_mid_run(sorted(changing), "--changed_fields")
   # A checkpoint of an earlier version has flat names: compare under the grouped ones.
   saved = hyperparameters.grouped(saved)
   current = hyperparameters.flatten(config.to_dict())
@@ -103,6 +113,8 @@ def check_resumable(
       f"has no config.{missing[0]}; this version cannot resume it: use another --workdir"
     )
   for field in sorted(set(saved) | set(current)):
+    if field in changing:
+      continue
     if not hyperparameters.shapes_trajectory(field, config.algorithm, config.optimizer):
       continue
     if saved.get(field) != current.get(field):
@@ -120,10 +132,12 @@ def check_resumable(
     )
 
 
-def check_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> dict | None:
+def check_checkpoint(
+  config: ml_collections.ConfigDict, workdir: str, changing: Iterable[str] = ()
+) -> dict | None:
   """`check_resumable` for the checkpoint in `workdir`, if there is one; returns its
   configuration (None: no checkpoint). Writes nothing."""
   saved = checkpoint.saved_config(workdir)
   if saved is not None:
-    check_resumable(saved, config, workdir, checkpoint.saved_revision(workdir))
+    check_resumable(saved, config, workdir, checkpoint.saved_revision(workdir), changing)
   return saved

@@ -42,6 +42,10 @@ from easgd.rules import TrainState
 
 _FINGERPRINT = "fingerprint"
 _REVISION = "revision"
+# The deliberate changes of the configuration the state went through, oldest first
+# (easgd.train.trainer: population-based training's), each {"step", "fields": {field:
+# [old, new]}}; absent where there were none.
+_CHANGES = "changes"
 
 # What the arrays of a checkpoint mean, where a rule's trajectory changed since
 # (`Rule.changed_since` says for which configurations):
@@ -194,6 +198,15 @@ def saved_config(workdir: str) -> dict | None:
   return None if newest is None else dict(newest[1])
 
 
+def config_at(workdir: str, step: int) -> dict | None:
+  """The configuration saved with the checkpoint of `step` in `workdir`, or None."""
+  try:
+    with open(os.path.join(directory(workdir), str(step), "config", "metadata")) as handle:
+      return json.load(handle)
+  except (OSError, ValueError):
+    return None
+
+
 def saved_revision(workdir: str) -> int | None:
   """The REVISION of the newest readable checkpoint in `workdir` (1 for one written
   before revisions were recorded), or None if there is none; writes nothing."""
@@ -233,6 +246,8 @@ class Checkpointer:
 
   def __init__(self, workdir: str, max_to_keep: int = 3):
     self._workdir = os.path.abspath(workdir)
+    # The deliberate changes of the configuration so far, saved with every checkpoint.
+    self.changes: list[dict] = []
     self._manager = ocp.CheckpointManager(
       directory(workdir),
       # Synchronous saves: a checkpoint is complete on disk when save()
@@ -271,6 +286,7 @@ class Checkpointer:
         config=ocp.args.JsonSave(config.to_dict()),
         **{_REVISION: ocp.args.JsonSave({_REVISION: REVISION})},
         **{_FINGERPRINT: ocp.args.JsonSave(words)},
+        **({_CHANGES: ocp.args.JsonSave(self.changes)} if self.changes else {}),
       ),
     )
 
@@ -288,6 +304,9 @@ class Checkpointer:
       items = {"state": ocp.args.StandardRestore(abstract), "clock": ocp.args.JsonRestore()}
       if checked:
         items[_FINGERPRINT] = ocp.args.JsonRestore()
+      changed = os.path.isdir(os.path.join(directory(self._workdir), str(step), _CHANGES))
+      if changed:
+        items[_CHANGES] = ocp.args.JsonRestore()
       try:
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
       except Exception as error:  # noqa: BLE001 (orbax and tensorstore raise many kinds)
@@ -308,6 +327,7 @@ class Checkpointer:
         if not checked or _fingerprint_list(restored.state) == list(restored[_FINGERPRINT]):
           if set_aside:
             self._manager.reload()
+          self.changes = list(restored[_CHANGES]) if changed else []
           return step, restored.state, dict(restored.clock)
         problem = "its arrays differ from the fingerprint written with them"
       where = self._set_aside(step, by_all=True)

@@ -33,9 +33,13 @@ _BUCKETS = np.concatenate([-_EDGES[::-1], [0.0], _EDGES]).tolist()
 class MetricWriter:
   """Writes scalars to TensorBoard under `workdir` and logs them."""
 
-  def __init__(self, workdir: str, label: str = "", resumed_at: int | None = None):
+  def __init__(
+    self, workdir: str, label: str = "", resumed_at: int | None = None, suffix: str = ""
+  ):
     """`label` prefixes the log lines (e.g. the pipeline's model_3); `resumed_at` is
-    the step of the checkpoint the run resumed from, or None for a new run."""
+    the step of the checkpoint the run resumed from, or None for a new run; `suffix`
+    ends the event file's name (a file's name has the second it was made in: two
+    writers of one folder in one second need two suffixes)."""
     self._prefix = f"{label} " if label else ""
     self._events = None
     if jax.process_index() == 0:
@@ -45,7 +49,7 @@ class MetricWriter:
 
       self._event = event_pb2.Event
       os.makedirs(workdir, exist_ok=True)
-      self._events = EventsWriter(os.path.join(workdir, "events"))
+      self._events = EventsWriter(os.path.join(workdir, "events"), suffix)
       if resumed_at is not None:
         start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
         self._write(resumed_at + 1, session_log=start)
@@ -74,11 +78,11 @@ class MetricWriter:
 
       self._write(step, summary=summary.histogram(tag, np.asarray(values), _BUCKETS))
 
-  def text(self, tag: str, text: str) -> None:
+  def text(self, tag: str, text: str, step: int = 0) -> None:
     if self._events is not None:
       from tensorboardX import summary  # noqa: PLC0415 (process 0 only)
 
-      self._write(0, summary=summary.text(tag, text))
+      self._write(step, summary=summary.text(tag, text))
 
   def hparams(self, values: dict) -> None:
     """Lists this run in TensorBoard's HParams dashboard with `values` (str, bool or number).

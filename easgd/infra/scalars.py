@@ -10,6 +10,7 @@ SessionLog START at step s hides the earlier files' points from step s on
 Light on purpose (no JAX; TensorBoard imported where it reads).
 """
 
+import logging
 import os
 
 # The one scalar that measures the wall-clock time of the run that logs it: it
@@ -27,7 +28,15 @@ def read(workdir: str) -> dict[str, list[tuple[int, float]]]:
   accumulator = event_accumulator.EventAccumulator(
     str(workdir), size_guidance={event_accumulator.SCALARS: 0}
   )
-  accumulator.Reload()
+  # A resumed run's SessionLog START hides what it logs again, as it is meant to; the
+  # reader says so in a warning ("Detected out of order event.step"), left out here.
+  reader_log = logging.getLogger("tensorboard")
+  level = reader_log.level
+  reader_log.setLevel(logging.ERROR)
+  try:
+    accumulator.Reload()
+  finally:
+    reader_log.setLevel(level)
   return {
     tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
     for tag in accumulator.Tags()[event_accumulator.SCALARS]

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from easgd.declare import FLAG, Field, Shapes, integer, number
-from easgd.rules import exchange, model_state, optimizers
+from easgd.rules import exchange, model_state, optimizers, tiers
 from easgd.rules.base import BASE_READS, COMM_PERIOD, Momentum
 from easgd.rules.outer import OUTER_LEARNING_RATE, OUTER_MOMENTUM
 from easgd.rules.parameter_server import ParameterServerRule, row, with_row
@@ -85,8 +85,8 @@ class AsyncLocalSGD(ParameterServerRule):
   # eta_o = 0.7 diverged (center accuracy 0.1 at step 100 of a run of 100); at
   # N = 8 it ended at 0.975 (python bench/rule_defaults.py; bench/README.md).
   defaults = types.MappingProxyType({MOMENTUM_PERIOD.path: 8})
-  # A joining worker's anchor would be the center, not zero: `serve_reset` cannot restart it.
-  rejoins = False
+  # A worker restarting from the center (runtime=ray's join) anchors there too.
+  center_fields = ("anchor",)
   declares = (OUTER_LEARNING_RATE, OUTER_MOMENTUM, *ASYNC_LOCAL_FIELDS)
   reads = (
     *BASE_READS,
@@ -95,6 +95,7 @@ class AsyncLocalSGD(ParameterServerRule):
     OUTER_MOMENTUM.path,
     *(field.path for field in ASYNC_LOCAL_FIELDS),
     model_state.BATCH_STATS.path,
+    *tiers.READS,
   )
 
   @property
@@ -126,9 +127,9 @@ class AsyncLocalSGD(ParameterServerRule):
     # Every worker starts from the center: its first anchor.
     return state.replace(worker_opt=dict(state.worker_opt, anchor=state.workers))
 
-  def serve_read(self, carry, j, key, locked: bool):
+  def serve_read(self, carry, j, key, locked: bool, staleness=0):
     """Worker j's push and fetch (see the class docstring), under the lock."""
-    del locked  # fcfs: always
+    del locked, staleness  # fcfs: always; Delayed Nesterov does not read it
     center, center_opt, shared = carry
     hyper = self.hyper
     x, anchor = row(shared["workers"], j), row(shared["anchor"], j)

@@ -86,6 +86,7 @@ COMM_PERIOD = Field(
   formerly=("comm_period",),
   setting="comm_period",
   off=1,
+  mid_run=True,
 )
 MOVING_RATE = Field(
   "outer.moving_rate",
@@ -96,6 +97,7 @@ MOVING_RATE = Field(
   Shapes.IF_READ,
   formerly=("moving_rate",),
   setting="moving_rate",
+  mid_run=True,
 )
 
 # Config fields every rule reads: its inner optimizer and schedule (with the
@@ -202,6 +204,13 @@ class Rule(abc.ABC):
     del config
 
   @classmethod
+  def pull_members(cls, config) -> int:
+    """How many workers pull one center elastically: every worker by default; a
+    hierarchical rule's group. Its moving rate's beta is this many times alpha (< 1),
+    and 0 asks for alpha = 0.9 / this (easgd.rules.hyper, easgd.rules.checks)."""
+    return config.workers
+
+  @classmethod
   def check_model(cls, hyper, shapes: Callable[[], Params]) -> None:
     """Checks what it needs of the model; `shapes()` traces its tree's shapes, for a
     rule that asks. Raises ConfigError."""
@@ -266,10 +275,33 @@ class Rule(abc.ABC):
     here, and its step and its clock follow."""
     return (step + 1) % self.period == 0
 
+  def levels(self) -> tuple[timing.Exchange, ...]:
+    """Its levels of exchange, as the network carries them (`timing.Exchange`): which
+    blocks of workers all-reduce together, and whether workers or their blocks'
+    centers take part. One level of every worker by default; a hierarchical rule has
+    one a level (its groups' averages, then the whole's), which the timing model
+    charges on the links each crosses (`Cluster.exchange`)."""
+    return (timing.Exchange(),)
+
+  def level_exchanges(self, step) -> tuple:
+    """For each of `levels`, whether the step that starts with `step` steps taken ends
+    with its exchange (traced or int, as `exchanges_after`): the levels' in order,
+    one after another. By default the one level's `exchanges_after`."""
+    return (self.exchanges_after(step),)
+
+  def level_rates(self) -> tuple[float, ...]:
+    """For each of `levels`, the share of the run's steps that end with its exchange
+    (the planner's r_k, easgd.sim.sizing), counted over the run's first 2**17 steps."""
+    steps = range(min(self.hyper.total_steps, 2**17))
+    fired = [self.level_exchanges(step) for step in steps]
+    counts = [sum(bool(fires[k]) for fires in fired) for k in range(len(self.levels()))]
+    return tuple(count / len(steps) for count in counts)
+
   def make_clock(
     self, cluster: timing.Cluster, model_bytes: float, seed: int, sent_bytes: float | None = None
   ) -> clocks.Clock:
-    """The schedule of this rule on `cluster`: all workers in lockstep."""
+    """The schedule of this rule on `cluster`: all workers in lockstep, each level's
+    exchange on its links."""
     # An all-reduce's bytes are all its own (easgd.rules.exchange.sizes): sent_bytes unused.
     del sent_bytes
     return clocks.SyncClock(
@@ -279,6 +311,8 @@ class Rule(abc.ABC):
       seed,
       self.period,
       exchanges_after=self.exchanges_after,
+      levels=self.levels(),
+      level_exchanges=self.level_exchanges,
     )
 
   def tick_inputs(self, tick: ticks.Tick) -> TickInputs:

@@ -35,6 +35,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   _check_async_local(rule, config.outer)
   _check_batch_stats(rule, config)
   timing.check_stragglers(config.cluster, config.workers)
+  timing.check_groups(config.cluster, config.workers)
   _check_no_per_model(config.pipeline.per_model)
   rule.check_config(config)
 
@@ -130,13 +131,15 @@ def _check_outer(rule: type[Rule], config: ml_collections.ConfigDict) -> None:
       "outer.pull=elastic pulls with it (diloco)",
     )
   if pull == Pull.ELASTIC:
-    alpha = outer.moving_rate or DEFAULT_BETA / workers
+    members = rule.pull_members(config)
+    alpha = outer.moving_rate or DEFAULT_BETA / members
+    pullers = "workers" if members == workers else "group size"
     require(
-      workers * alpha < 1,
+      members * alpha < 1,
       MOVING_RATE,
       alpha,
-      f"beta = workers*moving_rate = {workers * alpha:g} must be < 1, "
-      f"i.e. moving_rate < {1 / workers:g}",
+      f"beta = {pullers}*moving_rate = {members * alpha:g} must be < 1, "
+      f"i.e. moving_rate < {1 / members:g}",
     )
 
 

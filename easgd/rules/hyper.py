@@ -11,7 +11,7 @@ import dataclasses
 
 from easgd.declare import read, settings
 from easgd.rules.base import DEFAULT_BETA
-from easgd.rules.registry import declared
+from easgd.rules.registry import RULES, declared
 
 
 @settings(declared())
@@ -24,6 +24,9 @@ class Hyper:
     """The rule's hyper-parameters from a (grouped) config."""
     hyper = read(cls, config)
     if not hyper.moving_rate and hyper.num_workers > 0:
-      # 0 asks for the EASGD authors' beta = P*alpha = 0.9.
-      hyper = dataclasses.replace(hyper, moving_rate=DEFAULT_BETA / hyper.num_workers)
+      # 0 asks for the EASGD authors' beta = P*alpha = 0.9, P the workers that pull
+      # one center (a hierarchical rule's group).
+      rule = RULES.get(config.algorithm)
+      members = rule.pull_members(config) if rule is not None else hyper.num_workers
+      hyper = dataclasses.replace(hyper, moving_rate=DEFAULT_BETA / members)
     return hyper

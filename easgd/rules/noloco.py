@@ -56,7 +56,7 @@ optimizer state are in its row of the state (`workers`, `worker_opt`).
 The group means are formed on every device from an all-gather of the workers'
 x_j - phi_j and phi_j, summed in the order of pi: the members of a group compute
 the same bits, on any layout. The clock times each exchange as an all-reduce among
-n workers (easgd.sim.clocks.SyncClock's participants), of one model (kappa 0 or 1:
+blocks of n workers (a level of timing.Exchange(block=n)), of one model (kappa 0 or 1:
 the group's mean of x - phi, or of x) or two (otherwise), behind a barrier of all
 the workers (the clock does not know the groups, which the step draws): on workers
 of unequal speed it charges the wait for the slowest of all, where a group waits
@@ -82,7 +82,7 @@ from easgd.rules.optimizers import local_update, step_metrics
 from easgd.rules.outer import OUTER_LEARNING_RATE, OUTER_MOMENTUM, OUTER_NESTEROV, CenterRule
 from easgd.rules.spmd import AXIS, local_workers, mean_over_workers
 from easgd.rules.state import initial_state, stack_workers
-from easgd.sim import clocks
+from easgd.sim import clocks, timing
 
 GROUP_SIZE = Field(
   "outer.group_size",
@@ -173,7 +173,7 @@ class NoLoCo(CenterRule):
       seed,
       self.period,
       exchanges_after=self.exchanges_after,
-      participants=self.hyper.group_size,
+      levels=(timing.Exchange(block=self.hyper.group_size),),
     )
 
   def groups(self, rng: jax.Array, step: jax.Array) -> jax.Array:

@@ -79,6 +79,7 @@ LEARNING_RATE = Field(
   formerly=("learning_rate",),
   setting="learning_rate",
   off=REQUIRED,
+  mid_run=True,
 )
 MOMENTUM = Field(
   "optimizer.momentum",

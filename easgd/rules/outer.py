@@ -84,6 +84,7 @@ OUTER_LEARNING_RATE = Field(
   Shapes.IF_READ,
   setting="outer_learning_rate",
   off=1.0,
+  mid_run=True,
 )
 OUTER_MOMENTUM = Field(
   "outer.momentum",

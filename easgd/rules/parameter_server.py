@@ -44,12 +44,14 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 from jax.sharding import PartitionSpec
 
 from easgd.declare import Field, Shapes, integer, one_of
-from easgd.rules import exchange, model_state, optimizers
+from easgd.errors import require
+from easgd.rules import exchange, model_state, optimizers, tiers
 from easgd.rules.base import BASE_READS, ELASTIC_READS, MOMENTUM_DEFAULTS, Momentum, Pull, Rule
 from easgd.rules.optimizers import decayed, local_update, shifted
 from easgd.rules.spmd import AXIS, exchange_key
@@ -75,13 +77,18 @@ def with_row(tree, j, value):
 
 
 class ParameterServerRule(Rule):
-  """A master and P workers; see the module docstring for the operations."""
+  """A master and P workers; see the module docstring for the operations. Every one
+  runs on two-tier servers too (`outer.two_tier`, easgd.rules.tiers)."""
 
   policy: ClassVar[clocks.Policy]
+  declares = (*tiers.FIELDS, timing.GROUPS)
   # Whether a worker can rejoin: restart from the center with zeroed request fields
   # (`serve_reset`). A runtime whose worker processes can be lost and restarted
   # (runtime=ray) runs the rules that can.
   rejoins: ClassVar[bool] = True
+  # Request fields a worker restarting from the center takes from it too, not zero
+  # (`serve_reset`, runtime=ray's join): async_local_sgd's anchor, the center last fetched.
+  center_fields: ClassVar[tuple[str, ...]] = ()
   # Whether the tick program serves RESETs: a replay of a runtime=ray trace in which
   # worker processes joined or left (easgd.train.runtimes.simulated.runtime sets it).
   resets = False
@@ -96,25 +103,65 @@ class ParameterServerRule(Rule):
     eta_t of the pushing worker's schedule."""
     return optax.sgd(1.0)
 
+  @classmethod
+  def check_config(cls, config):
+    """The two tiers' settings are read with outer.two_tier only."""
+    if not tiers.TWO_TIER.of(config):
+      for field in tiers.FIELDS[1:]:
+        require(
+          field.of(config) == field.off,
+          field,
+          field.of(config),
+          f"is read with outer.two_tier=True (HALoS's two tiers); leave it {field.off!r}",
+        )
+
+  @property
+  def num_groups(self) -> int:
+    """The two tiers' group servers (one a group of cluster.groups; 1 without groups)."""
+    return len(self.hyper.groups) or 1
+
   def periods(self, cluster: timing.Cluster) -> tuple[int, ...]:
     """Each worker's local steps between two of its requests on `cluster`."""
     del cluster
     return (self.period,) * self.hyper.num_workers
 
   def make_clock(self, cluster, model_bytes, seed, sent_bytes=None):
-    return clocks.AsyncClock(
-      cluster,
-      self.hyper.num_workers,
-      model_bytes,
-      seed,
+    settings = dict(
       period=self.periods(cluster),
       policy=self.policy,
       exchange_first=self.elastic,
       sent_bytes=sent_bytes,
     )
+    if self.hyper.two_tier:
+      return clocks.TwoTierClock(
+        cluster,
+        self.hyper.num_workers,
+        model_bytes,
+        seed,
+        global_every=self.hyper.global_every,
+        **settings,
+      )
+    return clocks.AsyncClock(cluster, self.hyper.num_workers, model_bytes, seed, **settings)
+
+  def levels(self):
+    """The workers' requests, and with two tiers the group servers' sends (level 1)."""
+    if self.hyper.two_tier:
+      return (timing.Exchange(), timing.Exchange())
+    return super().levels()
 
   def tick_inputs(self, tick):
-    return tick.device_inputs()
+    if not self.hyper.two_tier:
+      return tick.device_inputs()
+    inputs = tick.device_inputs(servers=True)
+    # Each operation's group server: its worker's, or the group a server operation names.
+    of_worker = timing.group_of(self.hyper.groups, self.hyper.num_workers)
+    served = np.array([kind < ticks.OpKind.SEND for kind, _ in tick.ops], bool)
+    index = inputs["op_worker"][: len(tick.ops)]
+    groups = np.zeros_like(inputs["op_worker"])
+    own = of_worker[np.minimum(index, len(of_worker) - 1)]
+    groups[: len(tick.ops)] = np.where(served, own, index)
+    inputs["op_group"] = groups
+    return inputs
 
   # Which worker_opt fields a request reads or writes (all-gathered for the master).
   def request_fields(self) -> tuple[str, ...]:
@@ -126,6 +173,8 @@ class ParameterServerRule(Rule):
     workers = stack_workers(params, num_workers)
     worker_opt = self.fresh_worker_opt(workers)
     center_opt = () if self.elastic else self.server_optimizer().init(model_state.trainable(params))
+    if self.hyper.two_tier:
+      center_opt = tiers.init(params, center_opt, self.hyper, self.num_groups)
     return initial_state(rng, params, center_opt, workers, worker_opt, num_workers)
 
   def fresh_worker_opt(self, workers):
@@ -134,6 +183,11 @@ class ParameterServerRule(Rule):
     worker_opt = {field: jax.tree.map(jnp.zeros_like, workers) for field in self.request_fields()}
     worker_opt["inner"] = optimizers.init_workers(self.inner, workers)
     return worker_opt
+
+  def restarted_opt(self, fresh_opt, center_row):
+    """A worker's optimizer state as it restarts from the center (runtime=ray's join or
+    leave, as `serve_reset` restarts it): fresh, its `center_fields` the center's row."""
+    return dict(fresh_opt, **{field: center_row for field in self.center_fields})
 
   def worker_params(self, state):
     return state.workers
@@ -195,14 +249,18 @@ class ParameterServerRule(Rule):
     shift, updates = deferred
     return jax.tree.map(jnp.add, shifted(base, shift), updates)
 
-  def serve_read(self, carry, j, key, locked: bool):
+  def serve_read(self, carry, j, key, locked: bool, staleness=0):
     """Request of worker j; locked: READ and WRITE at once. `key` draws the
-    compression of what the request sends (easgd.rules.exchange).
+    compression of what the request sends (easgd.rules.exchange); `staleness`: the
+    master updates by other workers since worker j last read (Tick.staleness, an
+    int32 the clock or the runtime measured), for a rule whose operation depends
+    on it (none of these does).
 
     carry = (center, center_opt, shared): `shared` holds rows of the workers'
     fields ("workers", "worker_steps" after this tick's steps, and the request
     fields); the tick program passes all P rows, the threads runtime the one
     row of the requesting worker (j = 0)."""
+    del staleness
     center, center_opt, shared = carry
     dtype = self.hyper.exchange_dtype
     if self.elastic:
@@ -248,29 +306,34 @@ class ParameterServerRule(Rule):
 
   def serve_reset(self, carry, j):
     """Worker j's process joins or leaves (runtime=ray): its row restarts from the
-    center, x_j <- x~, its request fields zero (its optimizer state: `step`)."""
+    center, x_j <- x~, its request fields zero, or the center for `center_fields`
+    (its optimizer state: `step`)."""
     center, center_opt, shared = carry
     shared = dict(shared, workers=with_row(shared["workers"], j, center))
     for field in self.request_fields():
       zeros = jax.tree.map(jnp.zeros_like, row(shared[field], j))
-      shared[field] = with_row(shared[field], j, zeros)
+      restart = center if field in self.center_fields else zeros
+      shared[field] = with_row(shared[field], j, restart)
     return center, center_opt, shared
 
   def serve(self, tick, key, start, carry):
     """The master's operations start, ..., num_ops - 1 of `tick`, in order, on
     carry = (center, center_opt, shared) (see `serve_read`). The tick program
-    serves them all; the threads runtime one at a time, as it happens."""
+    serves them all; the threads runtime one at a time, as it happens. With
+    two-tier servers (`outer.two_tier`) each worker's request is served by its
+    group's server, and the servers' own operations come between (easgd.rules.tiers)."""
 
-    def operation(n, carry):
+    def operation(carry, n):
       j = tick["op_worker"][n]
       op_key = jax.random.fold_in(key, n)
+      staleness = tick["op_staleness"][n]
 
       def request(carry):
         if self.policy != clocks.Policy.HOGWILD:
-          return self.serve_read(carry, j, op_key, locked=True)
+          return self.serve_read(carry, j, op_key, locked=True, staleness=staleness)
         return lax.cond(
           tick["op_kind"][n] == ticks.OpKind.READ,
-          lambda: self.serve_read(carry, j, op_key, locked=False),
+          lambda: self.serve_read(carry, j, op_key, locked=False, staleness=staleness),
           lambda: self.serve_write(carry, j),
         )
 
@@ -283,7 +346,9 @@ class ParameterServerRule(Rule):
         carry,
       )
 
-    return lax.fori_loop(start, tick["num_ops"], operation, carry)
+    if self.hyper.two_tier:
+      return tiers.serve(self, tick, key, start, carry, operation)
+    return lax.fori_loop(start, tick["num_ops"], lambda n, carry: operation(carry, n), carry)
 
   def _restarted(self, tick, first, count) -> jax.Array:
     """Whether each of this device's workers is restarted by a RESET of `tick`."""
@@ -370,7 +435,7 @@ class ElasticMaster(ParameterServerRule):
   pulls = (Pull.ELASTIC,)
   momentum = Momentum.OPTIONAL
   nesterov = True
-  reads = (*BASE_READS, *ELASTIC_READS)
+  reads = (*BASE_READS, *ELASTIC_READS, *tiers.READS)
 
 
 class OriginalEASGD(ElasticMaster):
@@ -426,7 +491,7 @@ class AsyncSGD(ParameterServerRule):
   inner_optimizers = ("sgd",)
   inner_reason = "its workers push gradients that the master's optimizer applies"
   # The batch statistics' local changes ride with the pushed gradients.
-  reads = (*BASE_READS, model_state.BATCH_STATS.path)
+  reads = (*BASE_READS, model_state.BATCH_STATS.path, *tiers.READS)
 
 
 class AsyncMSGD(AsyncSGD):

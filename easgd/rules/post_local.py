@@ -143,17 +143,10 @@ class PostLocalSGD(Rule):
         model_state.with_trainable(grads, updates), state.workers, aux
       )
       stepped = jax.tree.map(jnp.add, state.workers, updates)
-
-      def averaged():
-        mean = self._mean(stepped if average_stats else model_state.trainable(stepped))
-        center = mean if average_stats else model_state.with_trainable(state.center, mean)
-        workers = as_workers(center)
-        if model_state.has_stats(center) and not average_stats:
-          workers = dict(workers, **{model_state.STATS: stepped[model_state.STATS]})
-        return workers, center
-
       workers, center = lax.cond(
-        self.exchanges_after(state.step), averaged, lambda: (stepped, state.center)
+        self.exchanges_after(state.step),
+        lambda: self._averaged(state.step, stepped, state.center, as_workers, average_stats),
+        lambda: (stepped, state.center),
       )
       return workers, inner, center, state.center_opt
 
@@ -170,6 +163,18 @@ class PostLocalSGD(Rule):
     )
     learning_rate = self.learning_rate(state.worker_steps)
     return new_state, step_metrics(loss, aux, self.hyper, learning_rate)
+
+  def _averaged(self, step, stepped, center, as_workers, average_stats):
+    """(workers, center) after the average that ends step `step` of the local phase:
+    every worker's model (with its statistics, if averaged) set to the mean of all,
+    which the center becomes. `as_workers`: this device's rows of a replicated value."""
+    del step  # one level: every average is over all the workers
+    mean = self._mean(stepped if average_stats else model_state.trainable(stepped))
+    center = mean if average_stats else model_state.with_trainable(center, mean)
+    workers = as_workers(center)
+    if model_state.has_stats(center) and not average_stats:
+      workers = dict(workers, **{model_state.STATS: stepped[model_state.STATS]})
+    return workers, center
 
   def worker_params(self, state):
     return state.workers

@@ -8,6 +8,8 @@ line to the import, one module a line.
 from easgd.declare import Field, unique
 from easgd.rules import (
   async_local,
+  hierarchical_easgd,
+  hierarchical_local,
   noloco,
   outer,
   palsgd,
@@ -40,6 +42,8 @@ RULES: dict[str, type[Rule]] = {
     streaming.StreamingDiLoCo,
     streaming.StreamingEASGD,
     post_local.PostLocalSGD,
+    hierarchical_local.HierarchicalLocalSGD,
+    hierarchical_easgd.HierarchicalEASGD,
     noloco.NoLoCo,
     palsgd.PALSGD,
   )

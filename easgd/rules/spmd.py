@@ -46,6 +46,37 @@ def sum_over_workers(tree: Params, in_worker_order: bool = False) -> Params:
   return jax.tree.map(ordered, tree)
 
 
+def sum_over_blocks(
+  tree: Params, block: int, num_workers: int, in_worker_order: bool = False
+) -> Params:
+  """sum_{i in b} tree_i for every contiguous block b of `block` workers (workers
+  b*block, ..., (b+1)*block - 1): [P/block, ...] on every device, block b in row b.
+
+  By default each device adds its workers into their blocks' rows (a segment sum)
+  and one all-reduce adds the devices' rows; `in_worker_order` adds each block's
+  terms in worker order after an all-gather, as `sum_over_workers` does.
+  """
+  blocks = num_workers // block
+
+  def one(leaf):
+    if in_worker_order:
+      every = lax.all_gather(leaf, AXIS, tiled=True, to="invarying")
+      grouped = every.reshape(blocks, block, *leaf.shape[1:])
+      return lax.fori_loop(1, block, lambda i, total: total + grouped[:, i], grouped[:, 0])
+    count = leaf.shape[0]
+    ids = (lax.axis_index(AXIS) * count + jnp.arange(count)) // block
+    return lax.psum(jax.ops.segment_sum(leaf, ids, num_segments=blocks), AXIS)
+
+  return jax.tree.map(one, tree)
+
+
+def rows_of_blocks(tree: Params, block: int, count: int) -> Params:
+  """This device's `count` workers' rows of a [P/block, ...] tree (`sum_over_blocks`'s):
+  each worker its block's row."""
+  ids = local_workers(count) // block
+  return jax.tree.map(lambda leaf: leaf[ids], tree)
+
+
 def mean_over_workers(tree: Params, num_workers: int, in_worker_order: bool = False) -> Params:
   """(1/P) sum_i tree_i: `sum_over_workers`, then divided by P; the same on every device."""
   total = sum_over_workers(tree, in_worker_order)

@@ -20,7 +20,7 @@ import numpy as np
 
 from easgd.sim.events import TickPacker
 from easgd.sim.ticks import OpKind, Tick
-from easgd.sim.timing import Cluster, allreduce_bytes
+from easgd.sim.timing import Cluster, Exchange
 
 
 class Policy(enum.StrEnum):
@@ -35,10 +35,12 @@ class _Event(enum.IntEnum):
   """Simulation events, in the order they are handled when they fall on the same
   time: a write that lands when another request arrives is seen by that request."""
 
+  MERGE = -1  # two tiers: the global model reaches a group server (a write there)
   WRITE = 0
   ARRIVE = 1
   DONE = 2
   START = 3
+  GLOBAL = 4  # two tiers: a group server's change reaches the global server
 
 
 class LogWindow:
@@ -110,10 +112,22 @@ class RunTotals:
     self.worker_steps = np.zeros(num_workers, np.int64)
     self.requests = np.zeros(num_workers, np.int64)
     self.bytes_sent = np.zeros(num_workers)
+    # The part of bytes_sent that crossed groups (easgd.sim.timing's two-level network).
+    self.bytes_between = np.zeros(num_workers)
+    # Exchange rounds of each level (Tick.levels).
+    self.level_exchanges: list[int] = []
+    # What two-tier servers sent each other: [inside groups, between groups].
+    self.server_bytes = np.zeros(2)
     # Workers whose process left the run for good (runtime=ray's
     # cluster.on_worker_loss=continue, and the replay of its trace).
     self.gone: list[int] = []
     self.window = LogWindow(self.worker_steps)
+
+  def count_levels(self, levels: list[int]) -> None:
+    """Adds a tick's exchange rounds of each level (Tick.levels)."""
+    for level in levels:
+      self.level_exchanges += [0] * (level + 1 - len(self.level_exchanges))
+      self.level_exchanges[level] += 1
 
   def live_workers(self) -> int:
     return len(self.worker_steps) - len(self.gone)
@@ -127,6 +141,11 @@ class RunTotals:
       "bytes_sent": self.bytes_sent.tolist(),
       "gone": list(self.gone),
       "window": self.window.state_dict(),
+      # Only where something crossed groups or a level was counted: a flat run's
+      # clock state is what it was before the two-level network.
+      **({"bytes_between": self.bytes_between.tolist()} if self.bytes_between.any() else {}),
+      **({"level_exchanges": list(self.level_exchanges)} if self.level_exchanges else {}),
+      **({"server_bytes": self.server_bytes.tolist()} if self.server_bytes.any() else {}),
     }
 
   def load_state_dict(self, state: dict) -> None:
@@ -135,6 +154,12 @@ class RunTotals:
     self.worker_steps = np.array(state["worker_steps"], np.int64)
     self.requests = np.array(state["requests"], np.int64)
     self.bytes_sent = np.array(state["bytes_sent"], np.float64)
+    between = state.get("bytes_between")
+    self.bytes_between = (
+      np.zeros_like(self.bytes_sent) if between is None else np.array(between, np.float64)
+    )
+    self.level_exchanges = [int(n) for n in state.get("level_exchanges", ())]
+    self.server_bytes = np.array(state.get("server_bytes", (0.0, 0.0)), np.float64)
     self.gone = [int(j) for j in state.get("gone", ())]
     if "window" in state:
       self.window.load_state_dict(state["window"])
@@ -179,6 +204,11 @@ class Clock(RunTotals, abc.ABC):
     self.worker_steps += tick.local
     self.requests += tick.requests
     self.bytes_sent += tick.bytes_sent
+    if tick.bytes_between is not None:
+      self.bytes_between += tick.bytes_between
+    self.count_levels(tick.levels)
+    if tick.server_bytes is not None:
+      self.server_bytes += tick.server_bytes
     self.gone += tick.left
     return tick
 
@@ -189,15 +219,16 @@ class Clock(RunTotals, abc.ABC):
 
 class SyncClock(Clock):
   """All workers take their steps together; every `period`-th step ends with a
-  barrier and a ring all-reduce (or each step for which `exchanges_after(steps
+  barrier and an all-reduce (or each step for which `exchanges_after(steps
   taken before it)` says so, when the rule decides: `Rule.exchanges_after`).
+  A rule of several levels (`Rule.levels`) names the levels whose exchange ends
+  each step (`level_exchanges`), each an all-reduce among its blocks of workers
+  (`timing.Exchange`) on the links it crosses (`Cluster.exchange`), one after
+  another.
 
   Between all-reduces each worker runs at its own pace; the all-reduce starts
-  when the slowest worker arrives and ends `allreduce_time` later for all.
-  A tick's time is that of the latest worker. `participants`: the workers of one
-  all-reduce, all of them by default; fewer for a rule whose workers average in
-  groups of that many at once (noloco's gossip), each group's all-reduce timed and
-  counted among its own members, behind the same barrier of all the workers.
+  when the slowest worker arrives and ends its time later for all.
+  A tick's time is that of the latest worker.
   """
 
   def __init__(
@@ -209,12 +240,14 @@ class SyncClock(Clock):
     period: int,
     sent_bytes=None,
     exchanges_after: Callable[[int], bool] | None = None,
-    participants: int | None = None,
+    levels: Sequence[Exchange] = (Exchange(),),
+    level_exchanges: Callable[[int], Sequence[bool]] | None = None,
   ):
     super().__init__(cluster, num_workers, model_bytes, seed, sent_bytes)
     self.period = period
-    self.participants = participants or num_workers
     self.exchanges_after = exchanges_after or (lambda step: (step + 1) % period == 0)
+    self.levels = tuple(levels)
+    self.level_exchanges_after = level_exchanges or (lambda step: (self.exchanges_after(step),))
     self.steps = 0
     self._worker_time = np.zeros(num_workers)
 
@@ -225,19 +258,40 @@ class SyncClock(Clock):
       self._worker_time[i] += self._step_time(i, step)
     requests = np.zeros(self.num_workers, np.int64)
     bytes_sent = np.zeros(self.num_workers)
-    size = self._sent_at_this_step()
-    if size is not None and self.participants > 1:
-      allreduce = self.cluster.allreduce_time(size, self.participants)
-      self._all_reduced(self._worker_time.max() + allreduce)
-      requests[:] = 1
-      bytes_sent[:] = allreduce_bytes(size, self.participants)
+    bytes_between = np.zeros(self.num_workers)
+    rounds = []
+    exchanges = self._exchanges_at_this_step()
+    if exchanges and self.num_workers > 1:
+      seconds = 0.0
+      for level, size in exchanges:
+        time, sent, between = self.cluster.exchange(
+          size, self.num_workers, self.levels[level].block, self.levels[level].unit
+        )
+        seconds += time
+        bytes_sent += sent
+        bytes_between += between
+        requests += 1
+        if len(self.levels) > 1:
+          rounds.append(level)
+      self._all_reduced(self._worker_time.max() + seconds)
     self._apply_arrivals()
     local = np.ones(self.num_workers, bool)
-    return Tick(float(self._worker_time.max()), local, [], [], [], requests, bytes_sent)
+    return Tick(
+      float(self._worker_time.max()),
+      local,
+      [],
+      [],
+      [],
+      requests,
+      bytes_sent,
+      bytes_between=bytes_between if bytes_between.any() else None,
+      levels=rounds,
+    )
 
-  def _sent_at_this_step(self) -> float | None:
-    """The bytes all-reduced at the end of this step (`self.steps` done), or None."""
-    return self.model_bytes if self.exchanges_after(self.steps - 1) else None
+  def _exchanges_at_this_step(self) -> list[tuple[int, float]]:
+    """(level, bytes) of each all-reduce at the end of this step (`self.steps` done)."""
+    fired = self.level_exchanges_after(self.steps - 1)
+    return [(level, self.model_bytes) for level, fires in enumerate(fired) if fires]
 
   def _all_reduced(self, end: float) -> None:
     """An all-reduce that started when the slowest worker arrived ends at `end`: every
@@ -256,10 +310,22 @@ class SyncClock(Clock):
     self._worker_time = np.array(state["worker_time"], np.float64)
 
   def peak_bytes_per_step(self) -> float:
-    """The most bytes a worker sends in one step: one all-reduce of the model."""
-    if self.participants == 1:
+    """The most bytes a worker sends in one step: an all-reduce of the model; for a
+    rule of several levels, of the levels that end one step together (those of its
+    first 4096 steps)."""
+    if self.num_workers == 1:
       return 0.0
-    return allreduce_bytes(self.model_bytes, self.participants)
+    sent = [
+      self.cluster.exchange(self.model_bytes, self.num_workers, level.block, level.unit)[1]
+      for level in self.levels
+    ]
+    if len(sent) == 1:
+      return float(sent[0].max())
+    together = {tuple(bool(f) for f in self.level_exchanges_after(step)) for step in range(4096)}
+    return max(
+      float(sum((bytes_ for bytes_, f in zip(sent, fired, strict=True) if f), np.zeros(1)).max())
+      for fired in together
+    )
 
 
 class StreamingClock(SyncClock):
@@ -277,11 +343,11 @@ class StreamingClock(SyncClock):
     # Step count at which a result is applied -> the time its all-reduce ends.
     self._arrivals: dict[int, float] = {}
 
-  def _sent_at_this_step(self) -> float | None:
+  def _exchanges_at_this_step(self) -> list[tuple[int, float]]:
     """Fragment f's bytes when (t - f*period/F) mod period == 0, t = `self.steps`."""
     spacing = self.period // len(self.fragment_bytes)
     phase = self.steps % self.period
-    return self.fragment_bytes[phase // spacing] if phase % spacing == 0 else None
+    return [(0, self.fragment_bytes[phase // spacing])] if phase % spacing == 0 else []
 
   def _all_reduced(self, end: float) -> None:
     # The workers go on; they wait for it when its result is applied.
@@ -303,7 +369,7 @@ class StreamingClock(SyncClock):
     """The most bytes a worker sends in one step: one all-reduce of the largest fragment."""
     if self.num_workers == 1:
       return 0.0
-    return allreduce_bytes(max(self.fragment_bytes), self.num_workers)
+    return float(self.cluster.exchange(max(self.fragment_bytes), self.num_workers)[1].max())
 
 
 class AsyncClock(Clock):
@@ -353,7 +419,9 @@ class AsyncClock(Clock):
       self.periods = [operator.index(period)] * num_workers
     self.policy = policy
     self.exchange_first = exchange_first
-    self.message = cluster.message_time(model_bytes)
+    # Each worker's one message to its server, inside its group or between groups.
+    self._between = [self._reaches_server_between(j) for j in range(num_workers)]
+    self.messages = [self._message_time(model_bytes, between) for between in self._between]
     self.service = cluster.service_time(model_bytes)
     self._heap: list[tuple[float, _Event, int]] = []
     self._begun = [0] * num_workers  # steps begun by each worker
@@ -362,9 +430,22 @@ class AsyncClock(Clock):
     self._turn = 0
     self._waiting: dict[int, float] = {}  # round robin: worker -> arrival time
     # Ticks still open to events, from the next one to be released on.
-    self._ticks = TickPacker(num_workers)
+    self._ticks = TickPacker(num_workers, self._servers())
     for worker in range(num_workers):
       self._begin_step(worker, 0.0)
+
+  def _reaches_server_between(self, worker: int) -> bool:
+    """Whether `worker`'s messages to its server cross groups (the servers are in
+    cluster.server_group)."""
+    return self.cluster.reaches_servers_between(worker, self.num_workers)
+
+  def _message_time(self, num_bytes: float, between: bool) -> float:
+    latency, bandwidth = self.cluster.link(between)
+    return latency + num_bytes / bandwidth
+
+  def _servers(self) -> int:
+    """Rows of the packer beyond the workers' (TickPacker): none here."""
+    return 0
 
   # The simulation.
 
@@ -375,7 +456,7 @@ class AsyncClock(Clock):
     step = self._begun[worker]
     self._begun[worker] += 1
     if self.exchange_first and (step + 1) % self.periods[worker] == 0:
-      self._push(time + self.message, _Event.ARRIVE, worker)
+      self._push(time + self.messages[worker], _Event.ARRIVE, worker)
     else:
       self._push(time + self._step_time(worker, step), _Event.DONE, worker)
 
@@ -389,7 +470,16 @@ class AsyncClock(Clock):
 
   def _read(self, worker: int, time: float, op: OpKind, wait: float) -> None:
     staleness, self._missed[worker] = self._missed[worker], 0
-    self._ticks.emit(time, worker, self.exchange_first, op, staleness, wait, self.sent_bytes)
+    self._ticks.emit(
+      time,
+      worker,
+      self.exchange_first,
+      op,
+      staleness,
+      wait,
+      self.sent_bytes,
+      between=self._between[worker],
+    )
 
   def _written(self, worker: int) -> None:
     for other in range(self.num_workers):
@@ -402,7 +492,7 @@ class AsyncClock(Clock):
     self._master_free = start + self.service
     self._read(worker, start, OpKind.EXCHANGE, wait=start - arrival)
     self._written(worker)
-    self._after_reply(worker, self._master_free + self.message)
+    self._after_reply(worker, self._master_free + self.messages[worker])
 
   def _handle(self, time: float, kind: _Event, worker: int) -> None:
     if kind == _Event.START:
@@ -410,7 +500,7 @@ class AsyncClock(Clock):
     elif kind == _Event.DONE:
       self._ticks.emit(time, worker, local=True)
       if not self.exchange_first and self._begun[worker] % self.periods[worker] == 0:
-        self._push(time + self.message, _Event.ARRIVE, worker)
+        self._push(time + self.messages[worker], _Event.ARRIVE, worker)
       else:
         self._begin_step(worker, time)
     elif kind == _Event.ARRIVE and self.policy == Policy.FCFS:
@@ -427,7 +517,7 @@ class AsyncClock(Clock):
     else:  # _Event.WRITE
       self._ticks.emit(time, worker, local=False, op=OpKind.WRITE)
       self._written(worker)
-      self._after_reply(worker, time + self.message)
+      self._after_reply(worker, time + self.messages[worker])
 
   def _advance(self) -> Tick:
     while True:
@@ -459,3 +549,144 @@ class AsyncClock(Clock):
     self._turn = int(state["turn"])
     self._waiting = {int(w): float(t) for w, t in state["waiting"]}
     self._ticks.load_state_dict(state)
+
+
+class TwoTierClock(AsyncClock):
+  """HALoS's two tiers of parameter servers (easgd.rules.tiers), simulated event by event.
+
+  Each group of `cluster.groups` has its server, in the group: its workers reach it
+  over the link inside the group, and it serves them with the rule's discipline,
+  as AsyncClock's master does (first come first served under its own lock, round
+  robin over its own workers, or Hogwild), one service time a request. Once
+  `global_every` (K) of its workers' requests have been served since its last
+  merge and none of its sends is in flight, it sends (SEND, when the K-th request's
+  service ends); the send reaches the global server one message later (over the
+  link between groups, or inside for the group of `cluster.server_group`), which
+  serves sends one at a time, a service time each (APPLY, as the service
+  starts); the global model reaches the group server one message later, which
+  merges it (MERGE) as soon as the request it is serving, if any, is done. A
+  worker's staleness counts its group server's updates since its last read,
+  merges included.
+  """
+
+  def __init__(
+    self,
+    cluster,
+    num_workers,
+    model_bytes,
+    seed,
+    period,
+    policy: Policy,
+    exchange_first: bool,
+    global_every: int,
+    sent_bytes=None,
+  ):
+    self.group_of = [int(g) for g in cluster.group_of(num_workers)]
+    self.members = [
+      [j for j in range(num_workers) if self.group_of[j] == g]
+      for g in range(len(cluster.group_sizes(num_workers)))
+    ]
+    self.global_every = global_every
+    groups = len(self.members)
+    self._group_free = [0.0] * groups
+    self._turns = [0] * groups  # round robin: each group's next worker, by position
+    self._group_waiting: list[dict[int, float]] = [{} for _ in range(groups)]
+    self._since_merge = [0] * groups
+    self._in_flight = [False] * groups
+    self._global_free = 0.0
+    super().__init__(
+      cluster, num_workers, model_bytes, seed, period, policy, exchange_first, sent_bytes
+    )
+    # A group server's message to the global server, and whether it crosses groups.
+    self._uplinks = [g != cluster.server_group for g in range(groups)]
+    self.uplink_times = [self._message_time(model_bytes, between) for between in self._uplinks]
+
+  def _reaches_server_between(self, worker: int) -> bool:
+    return False  # its group's server is in its group
+
+  def _servers(self) -> int:
+    return len(self.members)
+
+  def _read(self, worker, time, op, wait):
+    super()._read(worker, time, op, wait)
+    self._ticks.note_level(self._ticks.last_tick(worker), 0)  # a request: level 0
+
+  def _written(self, worker: int) -> None:
+    for other in self.members[self.group_of[worker]]:
+      if other != worker:
+        self._missed[other] += 1
+
+  def _served(self, group: int, time: float) -> None:
+    """A request of the group's was applied at its server by `time`: the K-th since
+    its last merge sends, if none of its sends is in flight."""
+    self._since_merge[group] += 1
+    if self._since_merge[group] >= self.global_every and not self._in_flight[group]:
+      self._in_flight[group] = True
+      row = self.num_workers + group
+      index = self._ticks.emit(time, row, local=False, op=OpKind.SEND)
+      self._ticks.note_level(index, 1)
+      self._ticks.note_server_bytes(index, self.model_bytes, self._uplinks[group])
+      self._push(time + self.uplink_times[group], _Event.GLOBAL, group)
+
+  def _serve(self, worker: int, arrival: float) -> None:
+    group = self.group_of[worker]
+    start = max(arrival, self._group_free[group])
+    self._group_free[group] = start + self.service
+    self._read(worker, start, OpKind.EXCHANGE, wait=start - arrival)
+    self._written(worker)
+    self._served(group, start + self.service)
+    self._after_reply(worker, self._group_free[group] + self.messages[worker])
+
+  def _handle(self, time: float, kind: _Event, index: int) -> None:
+    if kind == _Event.GLOBAL:
+      start = max(time, self._global_free)
+      self._global_free = start + self.service
+      self._ticks.emit(start, self.num_workers + index, local=False, op=OpKind.APPLY)
+      self._push(self._global_free + self.uplink_times[index], _Event.MERGE, index)
+    elif kind == _Event.MERGE:
+      locked = self.policy != Policy.HOGWILD
+      at = max(time, self._group_free[index]) if locked else time
+      row = self.num_workers + index
+      tick = self._ticks.emit(at, row, local=False, op=OpKind.MERGE)
+      self._ticks.note_server_bytes(tick, self.model_bytes, self._uplinks[index])
+      self._since_merge[index] = 0
+      self._in_flight[index] = False
+      for worker in self.members[index]:
+        self._missed[worker] += 1
+    elif kind == _Event.ARRIVE and self.policy == Policy.ROUND_ROBIN:
+      group = self.group_of[index]
+      waiting, members = self._group_waiting[group], self.members[group]
+      waiting[index] = time
+      while members[self._turns[group]] in waiting:
+        turn = members[self._turns[group]]
+        self._serve(turn, waiting.pop(turn))
+        self._turns[group] = (self._turns[group] + 1) % len(members)
+    elif kind == _Event.WRITE:  # Hogwild: the increment lands at the group's server
+      self._ticks.emit(time, index, local=False, op=OpKind.WRITE)
+      self._written(index)
+      self._served(self.group_of[index], time)
+      self._after_reply(index, time + self.messages[index])
+    else:
+      super()._handle(time, kind, index)
+
+  def state_dict(self):
+    return {
+      **super().state_dict(),
+      "group_free": list(self._group_free),
+      "turns": list(self._turns),
+      "group_waiting": [
+        sorted([w, t] for w, t in waiting.items()) for waiting in self._group_waiting
+      ],
+      "since_merge": list(self._since_merge),
+      "in_flight": list(self._in_flight),
+      "global_free": self._global_free,
+    }
+
+  def load_state_dict(self, state):
+    super().load_state_dict(state)
+    self._group_free = [float(t) for t in state["group_free"]]
+    self._turns = [int(n) for n in state["turns"]]
+    self._group_waiting = [{int(w): float(t) for w, t in pairs} for pairs in state["group_waiting"]]
+    self._since_merge = [int(n) for n in state["since_merge"]]
+    self._in_flight = [bool(b) for b in state["in_flight"]]
+    self._global_free = float(state["global_free"])

@@ -23,13 +23,18 @@ from easgd.sim.ticks import OpKind, Tick
 
 
 class TickPacker:
-  """The ticks still open to events, from the next one to be released on."""
+  """The ticks still open to events, from the next one to be released on.
 
-  def __init__(self, num_workers: int):
+  With `servers` > 0 (two-tier servers, easgd.rules.tiers) rows P, ..., P + servers - 1
+  are the group servers': their events are operations only (SEND, APPLY, MERGE on
+  behalf of group row - P), placed as a worker's operation is, after their own last.
+  """
+
+  def __init__(self, num_workers: int, servers: int = 0):
     self.num_workers = num_workers
     self._open: collections.deque[Tick] = collections.deque()
     self._released = 0  # index of self._open[0]
-    self._last_tick = [-1] * num_workers  # tick of each worker's latest event
+    self._last_tick = [-1] * (num_workers + servers)  # tick of each row's latest event
     self._last_op_tick = 0
     self._cut_closed = -1  # the tick of the last reset at a cut: no later event falls in it
 
@@ -43,10 +48,12 @@ class TickPacker:
     wait: float = 0.0,
     sent: float = 0.0,
     at_cut: int | None = None,
+    between: bool = False,
   ) -> int:
     """Places one event of `worker`: a local step (`local`) and/or a master operation
     (`op`); a served request also records its staleness, wait and bytes. Returns
-    the index of the tick it falls in. `at_cut`: a RESET's cut, the tick it goes to."""
+    the index of the tick it falls in. `at_cut`: a RESET's cut, the tick it goes to;
+    `between`: the bytes sent crossed groups."""
     if at_cut is None:
       index = self.index_of(worker, local, op is not None, reset=op == OpKind.RESET)
     else:
@@ -70,6 +77,9 @@ class TickPacker:
       self._open.append(Tick.empty(self.num_workers))
     tick = self._open[index - self._released]
     tick.time = max(tick.time, time)
+    if worker >= self.num_workers:  # a group server's operation, on behalf of its group
+      tick.ops.append((op, worker - self.num_workers))
+      return index
     tick.local[worker] |= local
     if op is not None:
       tick.ops.append((op, worker))
@@ -78,6 +88,10 @@ class TickPacker:
       tick.waits.append(wait)
       tick.requests[worker] += 1
     tick.bytes_sent[worker] += sent
+    if between and sent:
+      if tick.bytes_between is None:
+        tick.bytes_between = tick.bytes_sent * 0.0
+      tick.bytes_between[worker] += sent
     return index
 
   def index_of(self, worker: int, local: bool, op: bool, reset: bool = False) -> int:
@@ -92,9 +106,27 @@ class TickPacker:
   def complete(self) -> bool:
     """Whether no future event can fall into the next tick to release."""
     # A worker's next local step goes to last + 1 or later; its next operation
-    # to max(last, last operation's tick) or later.
-    earliest = min(min(last + 1, max(last, self._last_op_tick)) for last in self._last_tick)
+    # to max(last, last operation's tick) or later; a group server's, the latter.
+    workers = self._last_tick[: self.num_workers]
+    earliest = min(min(last + 1, max(last, self._last_op_tick)) for last in workers)
+    for last in self._last_tick[self.num_workers :]:
+      earliest = min(earliest, max(last, self._last_op_tick))
     return self._released < earliest
+
+  def last_tick(self, row: int) -> int:
+    """The tick of the row's latest event."""
+    return self._last_tick[row]
+
+  def note_level(self, index: int, level: int) -> None:
+    """Counts an exchange round of `level` in tick `index` (Tick.levels)."""
+    self._open[index - self._released].levels.append(level)
+
+  def note_server_bytes(self, index: int, sent: float, between: bool) -> None:
+    """Bytes a two-tier server sent in tick `index`, inside a group or between groups."""
+    tick = self._open[index - self._released]
+    if tick.server_bytes is None:
+      tick.server_bytes = [0.0, 0.0]
+    tick.server_bytes[int(between)] += sent
 
   def release(self) -> Tick:
     """The next tick (call when `complete()`); it may be empty."""

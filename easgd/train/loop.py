@@ -40,12 +40,14 @@ PROGRESS_VALUES = (
 
 @dataclasses.dataclass
 class TrainResult:
-  """The state at the end, the last logged metrics, and whether a preemption
-  notice (SIGTERM) stopped the run before run.total_steps (it then checkpointed)."""
+  """The state at the end, the last logged metrics, and whether the run stopped
+  before run.total_steps (it then checkpointed): `preempted`, and `noticed` if a
+  preemption notice (SIGTERM) stopped it, not the step it was asked to stop after."""
 
   state: Any
   metrics: dict[str, float]
   preempted: bool = False
+  noticed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,8 +194,16 @@ def _per_model(values: dict[str, float], tag: str) -> list[float]:
   return [value for key, value in values.items() if key == tag or key.endswith("/" + tag)]
 
 
-def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpointer) -> tuple:
-  """Trains from step `start` to run.total_steps; returns (final scalars, preempted)."""
+def run(
+  config: ml_collections.ConfigDict,
+  trainee: Trainee,
+  start: int,
+  checkpointer,
+  watch: preemption.PreemptionWatch | None = None,
+) -> tuple:
+  """Trains from step `start` to run.total_steps; returns (final scalars, preempted).
+  `watch`: what stops the run early (a preemption notice, a step it was asked to
+  stop after); by default a SIGTERM."""
   schedule = Schedule.from_config(config.run)
   total = schedule.total_steps
   pending: collections.deque = collections.deque()
@@ -210,13 +220,14 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
   step = start
   # Every phase below is watched: one that hangs stops the process (easgd.infra.watchdog).
   dog = watchdog.Watchdog(watchdog.configured_timeout()).start()
-  watch = preemption.PreemptionWatch()
-  preempted, evaluated = False, False
+  watch = watch or preemption.PreemptionWatch()
+  # Asked to stop where it already is: nothing to train, nothing to save.
+  preempted, evaluated = watch.reached(step) and step < total, False
   final: dict[str, float] = {}
   # Throughput counts training time only: evaluation and saving are left out.
   resumed_at, train_seconds = time.perf_counter(), 0.0
   try:
-    while step < total:
+    while step < total and not preempted:
       if window.opens(step):
         with dog.phase("profile start", step):
           window.start(trainee.state, checkpointer.workdir, step)
@@ -270,7 +281,7 @@ def run(config: ml_collections.ConfigDict, trainee: Trainee, start: int, checkpo
       if preempted:
         break
       resumed_at = time.perf_counter()
-    if not preempted:  # a preempted run is not over: no final evaluation or HParams yet
+    if not preempted:  # a stopped run is not over: no final evaluation or HParams yet
       if not evaluated:
         # Resumed at or past total_steps: report the state as it is.
         with dog.phase("evaluation", step):

@@ -11,7 +11,7 @@ import ml_collections
 from absl import logging
 from jax.sharding import Mesh
 
-from easgd import assembly, evaluation
+from easgd import assembly, evaluation, ownership
 from easgd.config import hyperparameters, validation
 from easgd.data import batches, stream
 from easgd.data.datasets import Dataset, load_dataset, shape_of
@@ -37,6 +37,13 @@ class Setup:
   # Placed: [parts, n, H, W, C] and [parts, n], split over the mesh; streamed: None.
   train_images: jax.Array | None
   train_labels: jax.Array | None
+  # The workdir's lock, held while the run runs (process 0's; None in the others).
+  lock: ownership.Held | None = None
+
+  def release(self) -> None:
+    """Lets another run use the workdir (this one has ended)."""
+    if self.lock is not None:
+      self.lock.release()
 
   @property
   def streamed(self) -> bool:
@@ -83,27 +90,40 @@ def model_shapes(config: ml_collections.ConfigDict):
   return jax.eval_shape(shapes)
 
 
-def check_inputs(config: ml_collections.ConfigDict, workdir: str, parts: int) -> Dataset:
+def check_inputs(
+  config: ml_collections.ConfigDict, workdir: str, parts: int, changing=()
+) -> Dataset:
   """The checks of what `config` names beyond itself: its dataset, the partitions
-  of it, and the checkpoint in `workdir`. Raises ConfigError; writes nothing.
+  of it, and the checkpoint in `workdir` (whose `changing` fields may differ:
+  validation.check_resumable). Raises ConfigError; writes nothing.
 
   `parts` is the number of training-set partitions. Returns the loaded dataset.
   """
   dataset = load_dataset(config.data.dataset, config.run.data_dir)
   validation.validate_partition(config, len(dataset.train_labels), parts)
-  validation.check_checkpoint(config, workdir)
+  validation.check_checkpoint(config, workdir, changing)
   return dataset
 
 
-def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequence = ()) -> Setup:
+def setup(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  runtime,
+  others: Sequence = (),
+  changing: Sequence[str] = (),
+) -> Setup:
   """Checks the inputs and builds the run's common parts for `runtime`, the Runtime
   class that runs `config` (easgd.train.runtimes.registry.select). It says how many
   partitions the training set is split into, whether they may stream from disk,
   and whether the run may span processes. `others`: the other runtimes that
-  config.runtime may name for this algorithm, which a refusal names."""
+  config.runtime may name for this algorithm, which a refusal names; `changing`: the
+  fields that may differ from the checkpoint's (check_inputs).
+
+  Before it writes anything, process 0 takes the workdir's lock (easgd.ownership):
+  another run holding it is refused in one line (ConfigError) naming that run."""
   num_devices = hyperparameters.resolve_devices(config, len(jax.devices()))
   parts = runtime.partitions(config, num_devices)
-  dataset = check_inputs(config, workdir, parts)
+  dataset = check_inputs(config, workdir, parts, changing)
   if not runtime.spans_processes and jax.process_count() > 1:
     raise ConfigError(
       f"config.runtime={config.runtime!r}: the {runtime.name} runtime runs on one host; this "
@@ -130,6 +150,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequ
       mesh, dataset.train_images, dataset.train_labels, parts, config.seed
     )
   evaluator = evaluation.Evaluator(mesh, built.apply_fn, dataset.test_images, dataset.test_labels)
+  lock = ownership.hold(workdir) if jax.process_index() == 0 else None
   return Setup(
     config=config,
     workdir=workdir,
@@ -143,4 +164,5 @@ def setup(config: ml_collections.ConfigDict, workdir: str, runtime, others: Sequ
     placement=placement,
     train_images=train_images,
     train_labels=train_labels,
+    lock=lock,
   )

@@ -42,6 +42,9 @@ def fraction(high=1.0):  # [0, high)
   return lambda v: _number(v) and 0 <= v < high
 
 
+# Two-tier servers, under which a parameter-server rule reads their fields.
+TWO_TIER = {"algorithm": "async_easgd", "outer.two_tier": True}
+
 # field -> (its allowed values, the config under which the algorithm reads it)
 FIELDS = {
   "seed": (lambda v: _integer(v) and 0 <= v < 2**32, {}),
@@ -85,6 +88,13 @@ FIELDS = {
     {"algorithm": "async_local_sgd", "outer.momentum_period": 1},
   ),
   "downpour.n_sync": (integer_at_least(1), {"algorithm": "downpour"}),
+  # beta_2 = groups * rate < 1 with hierarchical_easgd's default levels' 4 groups of 2.
+  "outer.global_moving_rate": (fraction(1 / 4), {"algorithm": "hierarchical_easgd"}),
+  "outer.global_every": (integer_at_least(1), TWO_TIER),
+  "outer.merge_weight": (lambda v: _number(v) and 0 < v <= 1, TWO_TIER),
+  "outer.global_learning_rate": (finite_at_least(0, inclusive=False), TWO_TIER),
+  "outer.global_momentum": (fraction(), TWO_TIER),
+  "outer.global_momentum_period": (integer_at_least(1), TWO_TIER),
   # Below the default run's 600 steps: a run that never switches is refused.
   "outer.switch_step": (
     lambda v: _integer(v) and 0 <= v < 600,
@@ -107,6 +117,10 @@ FIELDS = {
   "cluster.bandwidth": (lambda v: _number(v) and v > 0, {}),
   "cluster.server_bandwidth": (lambda v: _number(v) and v > 0, {}),
   "cluster.straggler_slowdown": (finite_at_least(1), {}),
+  "cluster.between_latency": (finite_at_least(0), {"cluster.groups": (4, 4)}),
+  "cluster.between_bandwidth": (lambda v: _number(v) and v > 0, {"cluster.groups": (4, 4)}),
+  # A group of the two.
+  "cluster.server_group": (lambda v: _integer(v) and v in (0, 1), {"cluster.groups": (4, 4)}),
   "cluster.servers": (integer_at_least(1), {"algorithm": "async_easgd"}),
   "ray.servers": (integer_at_least(1), {"algorithm": "async_easgd", "runtime": "ray"}),
   "ray.worker_gpus": (finite_at_least(0), {"algorithm": "async_easgd", "runtime": "ray"}),
@@ -171,11 +185,17 @@ ALWAYS = {
   "outer.sync_delay": integer_at_least(0),
   "outer.momentum_period": integer_at_least(1),
   "outer.switch_step": lambda v: _integer(v) and 0 <= v < 2**31,
+  "cluster.server_group": integer_at_least(0),  # the pipeline has no cluster to place it in
+  "outer.global_moving_rate": fraction(),
   "outer.group_size": integer_at_least(1),
 }
 # A valid config for each algorithm: the momentum rules need a momentum.
 ALGORITHMS = {
-  name: {"algorithm": name, "optimizer.momentum": 0.9 if rule.momentum == REQUIRED else 0.0}
+  name: {
+    **rule.defaults,  # what the rule needs beside (the hierarchical rules' levels)
+    "algorithm": name,
+    "optimizer.momentum": 0.9 if rule.momentum == REQUIRED else 0.0,
+  }
   for name, rule in rules.RULES.items()
 } | {"pipeline": {"algorithm": "pipeline"}}
 

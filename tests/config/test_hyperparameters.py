@@ -145,5 +145,8 @@ def test_fields_a_rule_does_not_read_leave_its_trajectory_alone(name):
     {**base, "outer.moving_rate": 0.1, "optimizer.learning_rate": 0.3}, workers=4
   )
   moved = _final_state(name, faster)
-  assert not np.array_equal(moved.center["w"], a.center["w"])
+  # (The state: hierarchical_easgd's global center first moves at step 16.)
+  assert not all(
+    np.array_equal(x, y) for x, y in zip(jax.tree.leaves(moved), jax.tree.leaves(a), strict=True)
+  )
   assert math.isfinite(float(np.abs(a.center["w"]).sum()))

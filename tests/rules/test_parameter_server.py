@@ -84,13 +84,13 @@ def make_data(num_workers, steps_count, seed=0):
   return x0, batches
 
 
-def run_ticks(name, hyper, timing, x0, batches, num_ticks, num_devices, seed=0):
-  """Runs a rule's compiled step for num_ticks ticks of its clock.
+def run_ticks(name, hyper, timing, x0, batches, num_ticks, num_devices, seed=0, rule=None):
+  """Runs a rule's compiled step (of `rule`, if given) for num_ticks ticks of its clock.
 
   Returns (states after each tick, the ticks).
   """
   mesh = sharding.make_mesh(num_devices)
-  rule = rules.make_rule(name, hyper)
+  rule = rule or rules.make_rule(name, hyper)
   params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x0)
   state = steps.init_state(rule, params, jax.random.PRNGKey(0), mesh)
   step = steps.build_rule_step(rule, loss_fn, mesh, state)
@@ -455,3 +455,41 @@ def test_a_reset_in_the_tick_of_the_workers_step_leaves_it_at_the_ticks_center(n
     strict=True,
   ):
     np.testing.assert_array_equal(got, want)
+
+
+class _StalenessInTheBias(rules.RULES["async_easgd"]):
+  """async_easgd that also adds each request's staleness to the center's bias: what
+  of the staleness reaches the master's program (`serve_read`'s input)."""
+
+  def serve_read(self, carry, j, key, locked, staleness=0):
+    center, center_opt, shared = super().serve_read(carry, j, key, locked)
+    return {**center, "b": center["b"] + staleness}, center_opt, shared
+
+
+def test_each_requests_staleness_reaches_the_masters_program():
+  """The clock's staleness of every request (Tick.staleness) is the master's input, in
+  the tick program and in runtime=threads' program of one operation."""
+  from easgd.train.runtimes.threads import runtime as threads  # noqa: PLC0415
+
+  # No elastic pull (alpha = 0): the center moves by the staleness alone, and nothing
+  # feeds back into the workers.
+  hyper = dataclasses.replace(hyper_for("async_easgd"), moving_rate=0.0)
+  x0, batches = make_data(WORKERS, 40)
+  rule = _StalenessInTheBias(hyper)
+  counted, ticks = run_ticks("async_easgd", hyper, UNEQUAL, x0, batches, 30, 2, rule=rule)
+  staleness = np.cumsum([sum(tick.staleness) for tick in ticks])
+  assert staleness[-1] > 10  # requests did queue behind others
+  got = np.asarray([state.center["b"] - x0["b"] for state in counted])
+  np.testing.assert_allclose(got, staleness[:, None] * np.ones(OUT), atol=1e-4)
+
+  device = jax.devices()[0]
+  _, master = threads.programs(rule, loss_fn, BATCH, None)
+  program = threads.on_device(master, threads.MASTER_SPECS, device)
+  center = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x0)
+  row = {"workers": jax.tree.map(lambda a: a[None], center), "worker_steps": jnp.ones(1, jnp.int32)}
+
+  def bias_after(staleness):
+    numbers = (np.int32(0), np.int32(0), np.int32(OpKind.EXCHANGE), np.int32(staleness))
+    return np.asarray(program(center, (), row, jax.random.PRNGKey(0), *numbers)[0]["b"])
+
+  np.testing.assert_allclose(bias_after(7) - bias_after(0), 7.0, atol=1e-5)

@@ -80,9 +80,10 @@ def test_sync_clock_waits_for_the_slowest_worker_at_every_all_reduce():
 
 
 def test_a_gossip_all_reduces_among_its_group_behind_the_barrier_of_all():
-  """participants=2 of 4 workers: each all-reduce is timed and counted as one of two
-  workers (noloco's pairs), after the slowest of all four has arrived."""
-  clock = clocks.SyncClock(TIMING, 4, MODEL_BYTES, seed=0, period=3, participants=2)
+  """A level of blocks of 2 of 4 workers: each all-reduce is timed and counted as one of
+  two workers (noloco's pairs), after the slowest of all four has arrived."""
+  pairs = (timing.Exchange(block=2),)
+  clock = clocks.SyncClock(TIMING, 4, MODEL_BYTES, seed=0, period=3, levels=pairs)
   means = TIMING.mean_step_times(4)
   workers = np.zeros(4)
   for step in range(6):
@@ -107,6 +108,9 @@ def test_ticks_are_well_formed(policy, exchange_first, period):
     assert len(tick.ops) <= 2 * len(tick.local)
     inputs = tick.device_inputs()
     assert inputs["num_ops"] == len(tick.ops)
+    # Each request's staleness at the position of the operation that served it.
+    served = [p for p, (kind, _) in enumerate(tick.ops) if kind in ticks.REQUESTS]
+    assert inputs["op_staleness"][served].tolist() == tick.staleness
     for kind, worker in tick.ops:
       if exchange_first and kind != ticks.OpKind.WRITE:
         # The elastic exchange belongs to a local step of the same tick.

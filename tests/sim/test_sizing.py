@@ -113,3 +113,37 @@ def test_tree_allreduce_takes_log_rounds_of_whole_messages():
   assert tree.allreduce_time(1e6, 8) == pytest.approx(2 * 3 * (5e-4 + 1e6 / 1.25e8))
   assert tree.allreduce_time(1e6, 5) == pytest.approx(2 * 3 * (5e-4 + 1e6 / 1.25e8))
   assert tree.allreduce_time(1e6, 1) == 0
+
+
+def test_levels_over_groups_step_time_is_the_simulated_one():
+  """A rule of two levels (groups of 4 every 2nd step, all 8 every 8th in their place)
+  on two groups of 4 whose link between is 10x slower: T = t_c + sum_k r_k A_k."""
+  groups = dataclasses.replace(
+    NETWORK, groups=(4, 4), between_latency=5e-3, between_bandwidth=1.25e7
+  )
+  levels = (timing.Exchange(block=4), timing.Exchange())
+
+  def fires(step):
+    return ((step + 1) % 2 == 0 and (step + 1) % 8 != 0, (step + 1) % 8 == 0)
+
+  rates = ((levels[0], 3 / 8), (levels[1], 1 / 8))
+  steady = sizing.Timing(groups, MODEL_BYTES, 0.01, 2, sizing.SYNC, levels=rates, workers=8)
+  clock = clocks.SyncClock(
+    groups, 8, MODEL_BYTES, seed=0, period=2, levels=levels, level_exchanges=fires
+  )
+  assert simulated_step_time(clock, 80) == pytest.approx(steady.step_time(8), rel=1e-9)
+  assert steady.critical_workers() is not None
+
+
+def test_two_tier_servers_step_time_is_the_simulated_one():
+  """Two groups of 6, a server each (messages inside the group), the global server
+  in group 0: each group's server saturates as one master with 6 workers would."""
+  groups = dataclasses.replace(NETWORK, groups=(6, 6), master_time=1e-2)
+  steady = sizing.Timing(groups, MODEL_BYTES, 0.01, 4, sizing.LOCKED, workers=12, global_every=3)
+  clock = clocks.TwoTierClock(
+    groups, 12, MODEL_BYTES, 0, 4, clocks.Policy.FCFS, exchange_first=True, global_every=3
+  )
+  assert simulated_step_time(clock, 200) == pytest.approx(steady.step_time(12), rel=0.01)
+  # Saturated: 6 workers' requests, 10 ms each, are longer than a worker's 55 ms cycle.
+  assert steady.cycle(12) == pytest.approx(6 * 1e-2)
+  assert 0 < steady.global_share(12) < 1

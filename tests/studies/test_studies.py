@@ -92,7 +92,7 @@ def test_each_processes_run_is_a_valid_config(rule, workers):
 
 @pytest.mark.e2e
 def test_a_study_with_parallel_runs_writes_the_table_of_the_study_run_in_series(tmp_path):
-  """Each run in a Ray task of its own (--parallel) reaches the bits of the runs trained
+  """Each run in a Tune trial of its own (--parallel) reaches the bits of the runs trained
   one after another in the study's process: the same table."""
   import subprocess  # noqa: PLC0415
   import sys  # noqa: PLC0415

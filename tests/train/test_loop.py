@@ -107,6 +107,10 @@ class Preempted:
   def should_stop(self, step):
     return step >= self.at
 
+  def reached(self, step):  # no step to stop after was asked for (--stop_after)
+    del step
+    return False
+
   def close(self):
     pass
 

@@ -1,8 +1,11 @@
 """End to end: training, TensorBoard, TFDS, the pipeline's resume, bad input, divergence."""
 
+import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -11,7 +14,8 @@ import tensorflow_datasets as tfds
 from tensorboard.backend.event_processing import event_accumulator
 
 import runs
-from easgd.errors import TrainingDiverged
+from easgd import ownership
+from easgd.errors import ConfigError, TrainingDiverged
 from easgd.infra import scalars
 from easgd.train import trainer
 from runs import assert_bfloat16_run_keeps_float32_state, config_with, small_flags
@@ -204,6 +208,61 @@ def test_workdir_of_another_configuration_is_refused_untouched(tmp_path, small_r
   assert "holds a checkpoint of another configuration" in stderr
   assert "config.optimizer.learning_rate is 0.1 there, 0.2 here" in stderr
   assert sorted(os.listdir(workdir / "checkpoints")) == before
+
+
+def test_a_deliberate_change_resumes_and_is_recorded_an_accidental_one_is_refused(
+  tmp_path, small_run
+):
+  """Population-based training's explore: a field a run can change mid-run, named in
+  `changing`, may differ from the checkpoint's, and the change is recorded in the run's
+  history (a file, the checkpoints, TensorBoard); unnamed, or of a field the state
+  depends on, it is refused as before."""
+  workdir = tmp_path / "run"
+  shutil.copytree(small_run("sync_easgd"), workdir)
+  for step in (30, 40):  # back to step 20
+    shutil.rmtree(workdir / "checkpoints" / str(step))
+  changed = runs.small_config({"outer.moving_rate": 0.1}, algorithm="sync_easgd")
+  with pytest.raises(ConfigError, match=r"config.outer.moving_rate is 0.2 there, 0.1 here"):
+    trainer.train_and_evaluate(changed, str(workdir))
+  with pytest.raises(ConfigError, match=r"config.workers cannot change in the middle of a run"):
+    trainer.train_and_evaluate(changed, str(workdir), changing=("workers",))
+  trainer.train_and_evaluate(changed, str(workdir), changing=("outer.moving_rate",))
+  record = {"step": 20, "fields": {"outer.moving_rate": [0.2, 0.1]}}
+  assert (workdir / trainer.CHANGES_FILE).read_text() == json.dumps(record) + "\n"
+  for step in (30, 40):
+    saved = workdir / "checkpoints" / str(step)
+    assert json.loads((saved / "changes" / "metadata").read_text()) == [record]
+    assert json.loads((saved / "config" / "metadata").read_text())["outer"]["moving_rate"] == 0.1
+  logged = scalars.read(str(workdir))
+  assert logged["config/outer.moving_rate"] == [(0, pytest.approx(0.2)), (20, pytest.approx(0.1))]
+  texts = event_accumulator.EventAccumulator(str(workdir))
+  texts.Reload()
+  [text] = texts.Tensors(trainer.CHANGES_TAG + "/text_summary")
+  said = text.tensor_proto.string_val[0]
+  assert text.step == 20 and b"| config.outer.moving_rate | 0.2 | 0.1 |" in said
+
+
+def test_a_second_run_on_a_running_workdir_is_refused_in_one_line_naming_it(tmp_path, starter):
+  running = subprocess.Popen(  # a run on the workdir, as its lock says
+    [
+      sys.executable,
+      "-c",
+      f"from easgd import ownership; ownership.hold({str(tmp_path)!r})"
+      "; print('held', flush=True); import time; time.sleep(600)",
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    assert running.stdout.readline() == "held\n"
+    code, _, stderr = starter.run(["train.py", f"--workdir={tmp_path}", *small_flags()], REPO)
+  finally:
+    running.kill()
+    running.wait()
+  assert code == 2
+  [line] = [line for line in stderr.splitlines() if line.startswith("error:")]
+  assert f"is in use by process {running.pid} on " in line and "one run a workdir" in line
+  assert os.listdir(tmp_path) == [ownership.RUN_LOCK]  # nothing written
 
 
 @pytest.mark.e2e

@@ -56,11 +56,14 @@ class RuleRuntime(Runtime):
 
 
 class _TickTotals:
-  """What the clock's ticks did since the last log, and the run's totals."""
+  """What the clock's ticks did since the last log, and the run's totals: on a cluster
+  of groups the bytes on each link, and for a rule of several levels the exchange
+  rounds of each."""
 
-  def __init__(self, clock):
+  def __init__(self, clock, groups: bool = False, levels: int = 1, servers: bool = False):
     self._clock = clock
     self._steps = 0
+    self._groups, self._levels, self._servers = groups, levels, servers
 
   def add(self, tick: ticks.Tick) -> None:
     self._steps += int(tick.local.sum())
@@ -84,6 +87,16 @@ class _TickTotals:
       "comm/exchanges_per_worker": float(clock.requests.mean()),
       "comm/bytes_per_worker": float(clock.bytes_sent.mean()),
     }
+    if self._groups:
+      between = float(clock.bytes_between.mean())
+      values["comm/bytes_between_groups_per_worker"] = between
+      values["comm/bytes_inside_groups_per_worker"] = float(clock.bytes_sent.mean()) - between
+    if self._levels > 1:
+      counts = clock.level_exchanges + [0] * (self._levels - len(clock.level_exchanges))
+      values.update({f"comm/level{k}_exchanges": float(n) for k, n in enumerate(counts)})
+    if self._servers:  # two-tier servers: what they sent each other, on each link
+      values["comm/server_bytes_inside_groups"] = float(clock.server_bytes[0])
+      values["comm/server_bytes_between_groups"] = float(clock.server_bytes[1])
     peak = clock.peak_bytes_per_step()
     if peak is not None:
       values["comm/peak_bytes_per_step"] = float(peak)
@@ -137,7 +150,9 @@ class RuleReports:
   def __init__(self, setup: setup_lib.Setup, rule: Rule, clock, resumed_at: int | None):
     self.setup, self.rule, self.clock = setup, rule, clock
     self.writer = metrics.MetricWriter(setup.workdir, resumed_at=resumed_at)
-    self.totals = _TickTotals(clock)
+    groups = bool(setup.config.cluster.groups)
+    servers = bool(getattr(rule.hyper, "two_tier", False))
+    self.totals = _TickTotals(clock, groups, len(rule.levels()), servers)
 
   def add(self, values, context) -> np.ndarray:
     if self.rule.parameter_server():

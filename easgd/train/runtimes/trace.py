@@ -80,6 +80,8 @@ import ml_collections
 
 from easgd.config import hyperparameters
 from easgd.errors import ConfigError
+from easgd.rules import tiers
+from easgd.sim import timing
 from easgd.sim.events import TickPacker
 from easgd.sim.ticks import OpKind, Tick
 
@@ -92,7 +94,12 @@ OPS = {
   "write": OpKind.WRITE,
   "join": OpKind.RESET,
   "leave": OpKind.RESET,
+  "send": OpKind.SEND,
+  "apply": OpKind.APPLY,
+  "merge": OpKind.MERGE,
 }
+# Two-tier servers' operations: their event's "worker" is the group it is for.
+SERVER_OPS = ("send", "apply", "merge")
 
 
 def recorded_fields(config: ml_collections.ConfigDict) -> dict:
@@ -108,13 +115,23 @@ def recorded_fields(config: ml_collections.ConfigDict) -> dict:
 
 
 def header(config: ml_collections.ConfigDict) -> dict:
-  return {
+  """The trace's first line; a two-tier run's (outer.two_tier) names its servers' groups
+  ("groups", cluster.groups: which workers each group server served)."""
+  first = {
     "kind": "header",
     "version": VERSION,
     "algorithm": config.algorithm,
     "workers": config.workers,
     "config": recorded_fields(config),
   }
+  if tiers.TWO_TIER.of(config):
+    first["groups"] = list(timing.GROUPS.of(config)) or [config.workers]
+  return first
+
+
+def server_groups(config: ml_collections.ConfigDict) -> int:
+  """The two-tier servers' groups of a run of `config` (0: one master)."""
+  return (len(timing.GROUPS.of(config)) or 1) if tiers.TWO_TIER.of(config) else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,6 +400,9 @@ def read(path: str) -> Trace:
   workers = first.get("workers")
   if not _is_int(workers) or workers < 1 or not isinstance(first.get("config"), dict):
     raise ConfigError(f"{name}'s header lacks its workers or config")
+  groups = first.get("groups", [])
+  if not isinstance(groups, list) or not all(_is_int(n) and n >= 1 for n in groups):
+    raise ConfigError(f"{name}'s header has malformed groups: {groups!r}")
   end = records[-1]
   if end.get("kind") != "end":
     raise ConfigError(
@@ -419,11 +439,13 @@ def read(path: str) -> Trace:
       or not _EVENT_FIELDS[key](fields[key])
       or (key in _OPTIONAL_FIELDS and fields[key] is not True)
     )
+    # A server's operation names its group; a worker's event, the worker.
+    count = len(groups) if fields.get("op") in SERVER_OPS else workers
     if (
       record.get("kind") != "event"
       or wrong
       or fields["op"] not in OPS
-      or not 0 <= fields["worker"] < workers
+      or not 0 <= fields["worker"] < count
       or (fields.get("cut") and fields["op"] not in ("join", "leave"))
     ):
       raise ConfigError(
@@ -480,10 +502,11 @@ def check_replay(config: ml_collections.ConfigDict) -> list[Tick]:
     )
   here = recorded_fields(config)
   fields = json.dumps(here, sort_keys=True, default=str)
-  key = (os.path.abspath(path), identity, fields, config.run.total_steps)
+  groups = header(config).get("groups", [])
+  key = (os.path.abspath(path), identity, fields, config.run.total_steps, str(groups))
   if identity is None or key != _checked.get("key"):
     _checked.clear()
-    _checked.update(key=key, ticks=_check_replay(path, here, config.run.total_steps))
+    _checked.update(key=key, ticks=_check_replay(path, here, config.run.total_steps, groups))
   return copy.deepcopy(_checked["ticks"])
 
 
@@ -491,7 +514,7 @@ def check_replay(config: ml_collections.ConfigDict) -> list[Tick]:
 _checked: dict = {}
 
 
-def _check_replay(path: str, here: dict, total_steps: int) -> list[Tick]:
+def _check_replay(path: str, here: dict, total_steps: int, here_groups: list) -> list[Tick]:
   trace = read(path)
   recorded = trace.header["config"]
   for field in sorted(set(recorded) | set(here)):
@@ -505,7 +528,14 @@ def _check_replay(path: str, here: dict, total_steps: int) -> list[Tick]:
       f"run.total_steps={total_steps}: cluster.replay={path!r} holds "
       f"{trace.ticks} ticks; set run.total_steps={trace.ticks}"
     )
-  ticks = pack(trace.events, trace.header["workers"], trace.unvalued)
+  groups = trace.header.get("groups", [])
+  if groups != here_groups:
+    raise ConfigError(
+      f"cluster.replay={path!r} was recorded with two-tier servers of groups {groups or None}, "
+      f"this run has {here_groups or None}: replay it with the cluster.groups (and "
+      "outer.two_tier) that recorded it"
+    )
+  ticks = pack(trace.events, trace.header["workers"], trace.unvalued, len(groups))
   if len(ticks) != trace.ticks:
     raise ConfigError(
       f"cluster.replay={path!r} is inconsistent: its events fill {len(ticks)} ticks, "
@@ -514,20 +544,27 @@ def _check_replay(path: str, here: dict, total_steps: int) -> list[Tick]:
   return ticks
 
 
-def pack(events: list[Event], num_workers: int, unvalued: list[tuple[int, int]] = ()) -> list[Tick]:
+def pack(
+  events: list[Event],
+  num_workers: int,
+  unvalued: list[tuple[int, int]] = (),
+  groups: int = 0,
+) -> list[Tick]:
   """The ticks of `events` in their order; each event must fall in its recorded tick.
   `unvalued`: the (worker, step) local steps that gave no values, each marked in
-  its tick. (A request's bytes are left to the clock that replays them.)"""
-  packer = TickPacker(num_workers)
+  its tick; `groups`: two-tier servers' groups, whose operations are rows of their
+  own (TickPacker). (A request's bytes are left to the clock that replays them.)"""
+  packer = TickPacker(num_workers, groups)
   leaves = []  # (tick, worker) of each "leave"
   unvalued_left = set(unvalued)
   marks = []  # (tick, worker) of each unvalued step
   for number, event in enumerate(events):
     op = OPS[event.op]
+    row = num_workers + event.worker if event.op in SERVER_OPS else event.worker
     try:
       tick = packer.emit(
         event.time,
-        event.worker,
+        row,
         event.local,
         op,
         event.staleness,

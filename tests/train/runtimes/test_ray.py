@@ -280,12 +280,12 @@ def test_a_killed_worker_under_stop_and_a_killed_server_stop_the_run_in_one_line
 
   operate = ray_workers.RayWorkers._master_operation
 
-  def kill_server_then_operate(self, j, op, tick, position, steps_done):
+  def kill_server_then_operate(self, j, op, tick, *numbers):
     if tick >= 6 and not getattr(self, "killed", False):
       self.killed = True
       pid, *_ = ray.get(self.servers[0].where.remote())
       os.kill(pid, signal.SIGKILL)
-    return operate(self, j, op, tick, position, steps_done)
+    return operate(self, j, op, tick, *numbers)
 
   monkeypatch.setattr(ray_workers.RayWorkers, "_master_operation", kill_server_then_operate)
   with pytest.raises(WorkerFailed, match=r"^server 0's process died") as error:
@@ -335,8 +335,8 @@ def test_ray_is_refused_for_what_it_does_not_run():
   _refused(sync, r"^config.runtime='ray' is invalid: ray runs the parameter-server rules")
   pipeline = _config("pipeline", runtime="ray")
   _refused(pipeline, r"^config.runtime='ray' is invalid")
-  local_sgd = _config("async_local_sgd", runtime="ray")
-  _refused(local_sgd, r"async_local_sgd runs on simulated, threads")
+  two_tier = {"outer.two_tier": True, "ray.servers": 2}
+  _refused(_config("async_easgd", runtime="ray", **two_tier), r"^config.ray.servers=2 .* two-tier")
   replay = _config("async_easgd", runtime="ray", **{"cluster.replay": "trace.jsonl"})
   _refused(replay, r"runtime=ray records a new trace")
   unreachable = _config("async_easgd", runtime="ray", **{"ray.address": "127.0.0.1:1"})
@@ -391,3 +391,42 @@ def test_the_processes_environments_match_the_replay_and_share_a_gpu():
   assert ray_runtime.RayRuntime.environment(config, "gpu") == {
     ray_runtime.PREALLOCATE_VARIABLE: "false"
   }
+
+
+@pytest.mark.e2e
+def test_two_tier_servers_as_processes_replay_through_a_rejoin_and_a_lost_group_server_stops(
+  tmp_path, embedded_ray, monkeypatch
+):
+  """async_local_sgd on HALoS's two tiers, each group server and the global server a
+  process of its own: worker 2's process killed at its local step 5 rejoins from its
+  group's center (its anchor there too), and the run replays to its bits, every
+  group's send, apply and merge in the trace. Group server 1's process killed stops
+  the run in one line."""
+  tiers = {"outer.two_tier": True, "cluster.groups": (2, 2), "outer.global_every": 2}
+  tiers |= {"outer.merge_weight": 0.5, "outer.global_momentum": 0.5, "outer.comm_period": 2}
+  config = _config("async_local_sgd", 4, **{"runtime": "ray", **tiers})
+  killed = _killing(monkeypatch, worker=2, at_step=5)
+  real, replay = tmp_path / "real", tmp_path / "replay"
+  trainer.train_and_evaluate(config, str(real))
+  assert killed
+  _replays_to_its_bits(config, real, replay)
+  recorded = trace.read(str(real / trace.FILE))
+  assert [e.op for e in recorded.events if e.worker == 2 and e.op == "join"] == ["join"]
+  for op in ("send", "apply", "merge"):
+    assert {e.worker for e in recorded.events if e.op == op} == {0, 1}, op
+  monkeypatch.undo()
+
+  operate = ray_workers.RayWorkers._master_operation
+
+  def kill_group_server_then_operate(self, j, op, tick, *numbers):
+    if tick >= 6 and not getattr(self, "killed", False):
+      self.killed = True
+      pid, *_ = ray.get(self.servers[1].where.remote())
+      os.kill(pid, signal.SIGKILL)
+    return operate(self, j, op, tick, *numbers)
+
+  monkeypatch.setattr(ray_workers.RayWorkers, "_master_operation", kill_group_server_then_operate)
+  stopped = {**tiers, "runtime": "ray", "cluster.on_worker_loss": "stop", "run.total_steps": 400}
+  with pytest.raises(WorkerFailed, match=r"^group 1's server's process died") as error:
+    trainer.train_and_evaluate(_config("async_local_sgd", 4, **stopped), str(tmp_path / "lost"))
+  assert "\n" not in str(error.value)

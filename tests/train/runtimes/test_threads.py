@@ -297,3 +297,41 @@ def test_a_preemption_with_the_workers_at_the_next_log_logs_it_and_resumes_as_th
   for step in (24, 36):
     assert_same_bits(real, replay, step)
   assert_same_scalars(real, replay)
+
+
+@pytest.mark.e2e
+def test_two_tier_servers_stopped_and_resumed_replay_to_the_same_bits(tmp_path, monkeypatch):
+  """async_local_sgd on HALoS's two tiers (two groups of two, a send every 2nd request,
+  half merged, the global server's momentum): a preemption notice at the loop's step 13
+  stops the run at a cut, sends maybe in flight; resumed, the run ends as the replay of
+  its trace does, every group server's send, apply and merge in it."""
+  from easgd.train import loop  # noqa: PLC0415
+
+  class NoticeAtStep13:
+    def should_stop(self, step):
+      return step == 13
+
+    def close(self):
+      pass
+
+  real_watch = loop.preemption.PreemptionWatch
+  monkeypatch.setattr(loop.preemption, "PreemptionWatch", NoticeAtStep13)
+  tiers = {"outer.two_tier": True, "cluster.groups": (2, 2), "outer.global_every": 2}
+  tiers |= {"outer.merge_weight": 0.5, "outer.global_momentum": 0.5}
+  tiers |= {"outer.momentum_period": 2, "cluster.stragglers": (3,)}
+  config = _config("async_local_sgd", 4, **tiers, **{"run.total_steps": 36}, runtime="threads")
+  real = tmp_path / "real"
+  assert trainer.train_and_evaluate(config, str(real)).preempted
+  monkeypatch.setattr(loop.preemption, "PreemptionWatch", real_watch)
+  assert not trainer.train_and_evaluate(config, str(real)).preempted
+  config.runtime = "simulated"
+  config.cluster.replay = str(real / trace.FILE)
+  replay = tmp_path / "replay"
+  trainer.train_and_evaluate(config, str(replay))
+  for step in (24, 36):
+    assert_same_bits(real, replay, step)
+  assert_same_scalars(real, replay)
+  recorded = trace.read(str(real / trace.FILE))
+  assert recorded.header["groups"] == [2, 2]
+  for op in ("send", "apply", "merge"):
+    assert {e.worker for e in recorded.events if e.op == op} == {0, 1}, op

@@ -44,7 +44,15 @@ from easgd import assembly
 from easgd.data import augment as augment_lib
 from easgd.infra.compile import compile_program
 from easgd.rules import model_state
-from easgd.train.runtimes.threads.runtime import LOCAL_SPECS, MASTER_SPECS, on_device, programs
+from easgd.train.runtimes.threads.runtime import (
+  LOCAL_SPECS,
+  MASTER_SPECS,
+  SERVER_SPECS,
+  on_device,
+  programs,
+  served_rule,
+  server_program,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +64,21 @@ class Recipe:
   image_shape: tuple  # (H, W, C)
   normalization: assembly.Normalization  # the dataset's
 
+  def rule(self):
+    """The run's rule; with two-tier servers, as each group server serves its workers:
+    as the one master does, on its group's center (runtime=threads' `served`)."""
+    return served_rule(assembly.rule(ml_collections.ConfigDict(self.config)))
+
   def programs(self):
     """(the local step, the master's operation), as runtime=threads' `programs`."""
     config = ml_collections.ConfigDict(self.config)
     built = assembly.network(config, self.num_classes, self.image_shape, self.normalization)
     augment = augment_lib.get(config.data.augment)
-    return programs(assembly.rule(config), built.loss_fn, config.data.batch_size, augment)
+    return programs(self.rule(), built.loss_fn, config.data.batch_size, augment)
+
+  def server_program(self):
+    """Two-tier servers' own operation (runtime=threads' `server_program`)."""
+    return server_program(assembly.rule(ml_collections.ConfigDict(self.config)))
 
 
 def placeholder(leaf) -> np.ndarray:
@@ -182,6 +199,7 @@ class WorkerProcess:
     with; fields: the rule's request fields."""
     self.incarnation = uuid.uuid4().hex  # this process's start (the module's docstring)
     local, _ = recipe.programs()
+    self.restart = recipe.rule().restarted_opt
     self.j, self.blocks, self.fields = j, blocks, fields
     self.device = jax.devices()[0]
     put = self._put
@@ -244,8 +262,9 @@ class WorkerProcess:
     """Restarts from the center (`easgd.rules.parameter_server`'s RESET): x_j <- x~,
     fresh optimizer state; (its incarnation,)."""
     center = self.blocks.join(list(center_parts))
-    self.workers = self._put(jax.tree.map(lambda leaf: np.asarray(leaf)[None], center))
-    self.opt = self._put(self.fresh_opt)
+    row = jax.tree.map(lambda leaf: np.asarray(leaf)[None], center)
+    self.workers = self._put(row)
+    self.opt = self._put(self.restart(self.fresh_opt, row))
     return (self.incarnation,)
 
   def row(self):
@@ -264,7 +283,7 @@ class ServerProcess:
     self.center = jax.device_put(center, self.device)
     self.center_opt = jax.device_put(center_opt, self.device)
     self.rng = jax.device_put(rng, self.device)
-    numbers = [jax.device_put(np.int32(0), self.device)] * 3
+    numbers = [jax.device_put(np.int32(0), self.device)] * 4
     args = (self.center, self.center_opt, jax.device_put(row, self.device), self.rng, *numbers)
     lowered = on_device(master, MASTER_SPECS, self.device).lower(*args)
     self.program = compile_program(lowered, platform)
@@ -272,14 +291,17 @@ class ServerProcess:
   def where(self) -> tuple[int, str, str]:
     return where()
 
-  def operate(self, row, tick: int, position: int, kind: int, sender: str, expected: str):
-    """One master operation on its blocks; (the answered row, seconds it took). A
-    request from another incarnation of the worker than `expected` (its process
-    restarted before it sent its row) is refused, changing nothing: (None, None)."""
+  def operate(
+    self, row, tick: int, position: int, kind: int, staleness: int, sender: str, expected: str
+  ):
+    """One master operation on its blocks, at the request's `staleness`; (the answered
+    row, seconds it took). A request from another incarnation of the worker than
+    `expected` (its process restarted before it sent its row) is refused, changing
+    nothing: (None, None)."""
     if sender != expected:
       return None, None
     started = time.perf_counter()
-    numbers = (np.int32(tick), np.int32(position), np.int32(kind))
+    numbers = (np.int32(tick), np.int32(position), np.int32(kind), np.int32(staleness))
     center, center_opt, row = self.program(
       self.center, self.center_opt, jax.device_put(row, self.device), self.rng, *numbers
     )
@@ -294,3 +316,75 @@ class ServerProcess:
   def center_part(self):
     """Its blocks of the center, as NumPy (what a joining worker starts from)."""
     return _numpy(self.center)
+
+
+class GroupServerProcess(ServerProcess):
+  """A two-tier group server (easgd.rules.tiers): its group's center and optimizer
+  state, served to its workers with the one master's operation, and its last merged
+  center, its send in flight and the reply to merge, which the servers' own
+  operation (SEND, MERGE) moves, as the tick program does."""
+
+  def __init__(self, recipe, group, like, row, rng, platform):
+    """group: its state as NumPy (tiers.init's); like: (x~, the global server's
+    optimizer state) of their shapes, for the servers' program."""
+    super().__init__(recipe, group["center"], group["opt"], row, rng, platform)
+    self.rest = {key: jax.device_put(value, self.device) for key, value in group.items()}
+    self.like = jax.device_put(like, self.device)
+    kind = jax.device_put(np.int32(0), self.device)
+    program = on_device(recipe.server_program(), SERVER_SPECS, self.device)
+    self.server = compile_program(program.lower(*self.like, self._group(), kind), platform)
+
+  def _group(self):
+    return dict(self.rest, center=self.center, opt=self.center_opt)
+
+  def operation(self, kind: int) -> float:
+    """Its own operation `kind` (SEND or MERGE); the seconds it took."""
+    started = time.perf_counter()
+    _, _, group = self.server(*self.like, self._group(), np.int32(kind))
+    group = jax.block_until_ready(group)
+    self.center, self.center_opt = group["center"], group["opt"]
+    self.rest = group
+    return time.perf_counter() - started
+
+  def sent(self):
+    """Its change in flight, d_g, as NumPy (what it sends the global server)."""
+    return _numpy(self.rest["sent"])
+
+  def take_reply(self, reply) -> None:
+    """The global model the global server answered, r_g, to merge."""
+    self.rest = dict(self.rest, reply=jax.device_put(reply, self.device))
+
+  def state(self):
+    """Its group's state as NumPy (tiers.init's)."""
+    return _numpy(self._group())
+
+
+class GlobalServerProcess:
+  """The two-tier global server: x~ and its optimizer state, stepped by the servers'
+  own operation (APPLY) on a group's send, as the tick program does."""
+
+  def __init__(self, recipe, center, global_opt, group, platform):
+    """group: a group's state as NumPy, whose shapes its program takes."""
+    self.device = jax.devices()[0]
+    self.center = jax.device_put(center, self.device)
+    self.global_opt = jax.device_put(global_opt, self.device)
+    self.template = jax.device_put(group, self.device)
+    kind = jax.device_put(np.int32(0), self.device)
+    program = on_device(recipe.server_program(), SERVER_SPECS, self.device)
+    args = (self.center, self.global_opt, self.template, kind)
+    self.program = compile_program(program.lower(*args), platform)
+
+  def where(self) -> tuple[int, str, str]:
+    return where()
+
+  def apply(self, sent, kind: int):
+    """APPLY of a group's send `sent`: (its reply r_g, as NumPy, and the seconds it took)."""
+    started = time.perf_counter()
+    group = dict(self.template, sent=jax.device_put(sent, self.device))
+    center, global_opt, group = self.program(self.center, self.global_opt, group, np.int32(kind))
+    self.center, self.global_opt = jax.block_until_ready((center, global_opt))
+    return _numpy(group["reply"]), time.perf_counter() - started
+
+  def state(self):
+    """(x~, its optimizer state) as NumPy."""
+    return _numpy((self.center, self.global_opt))

@@ -29,7 +29,7 @@ from easgd import assembly, ray_connection
 from easgd.errors import ConfigError, require
 from easgd.infra import compile as compile_lib
 from easgd.infra import platform, sharding
-from easgd.rules import RULES
+from easgd.rules import RULES, tiers
 from easgd.train.runtimes.ray import fields
 from easgd.train.runtimes.rule_runtime import parameter_server_rules
 from easgd.train.runtimes.threads.runtime import ThreadsRuntime, ThreadsTrainee
@@ -159,26 +159,36 @@ class RayTrainee(ThreadsTrainee):
     # ray.cluster_utils' two nodes); a token share of a CPU each alternates them.
     options = {"num_cpus": ACTOR_CPUS, "scheduling_strategy": "SPREAD"}
     center, center_opt = _numpy(rows.center), _numpy(rows.center_opt)
-    blocks = ray_actors.Blocks(center, config.ray.servers)
     fields = rule.request_fields()
     row = {"workers": _numpy(rows.workers[0]), **{f: _numpy(rows.worker_opt[0][f]) for f in fields}}
     row["worker_steps"] = np.zeros(1, np.int32)
     rng = np.asarray(jax.device_get(self.rng))
     # The servers run the master's operations on a CPU, whatever the workers run on.
-    server_class = ray.remote(ray_actors.ServerProcess).options(
-      max_restarts=0, runtime_env={"env_vars": _actor_environment(0)}, **options
-    )
-    servers = [
-      server_class.remote(
-        recipe,
-        blocks.part(center, s),
-        blocks.opt_part(center_opt, s),
-        blocks.row_part(row, s),
-        rng,
-        "cpu",
-      )
-      for s in range(config.ray.servers)
-    ]
+    settings = {"max_restarts": 0, "runtime_env": {"env_vars": _actor_environment(0)}}
+    global_server = None
+    if rule.hyper.two_tier:
+      # A process a group server, one for the global server: each whole (ray.servers 1).
+      groups = center_opt["groups"]
+      blocks = ray_actors.Blocks(groups[0]["center"], 1)
+      group_class = ray.remote(ray_actors.GroupServerProcess).options(**settings, **options)
+      like = (center, center_opt["global"])
+      servers = [group_class.remote(recipe, group, like, row, rng, "cpu") for group in groups]
+      global_class = ray.remote(ray_actors.GlobalServerProcess).options(**settings, **options)
+      global_server = global_class.remote(recipe, center, center_opt["global"], groups[0], "cpu")
+    else:
+      blocks = ray_actors.Blocks(center, config.ray.servers)
+      server_class = ray.remote(ray_actors.ServerProcess).options(**settings, **options)
+      servers = [
+        server_class.remote(
+          recipe,
+          blocks.part(center, s),
+          blocks.opt_part(center_opt, s),
+          blocks.row_part(row, s),
+          rng,
+          "cpu",
+        )
+        for s in range(config.ray.servers)
+      ]
     fresh_opt = _numpy(jax.jit(rule.fresh_worker_opt)(rows.workers[0]))
     restarts = -1 if config.cluster.on_worker_loss == "rejoin" else 0
     worker_class = ray.remote(ray_actors.WorkerProcess).options(
@@ -212,11 +222,12 @@ class RayTrainee(ThreadsTrainee):
       for j in range(config.workers)
     ]
     actors = [None if held is None else worker_class.remote(*held) for held in arguments]
+    every_server = [*servers, *([global_server] if global_server is not None else [])]
     try:
-      ray.get([server.where.remote() for server in servers])
+      ray.get([server.where.remote() for server in every_server])
       places = ray.get([actor.where.remote() for actor in actors if actor is not None])
     except ray.exceptions.RayError as error:
-      for handle in [*servers, *actors]:
+      for handle in [*every_server, *actors]:
         if handle is not None:
           ray.kill(handle, no_restart=True)
       first = str(error).strip().splitlines()[-1] if str(error).strip() else ""
@@ -241,6 +252,7 @@ class RayTrainee(ThreadsTrainee):
       clock,
       trace,
       *pacing,
+      global_server=global_server,
     )
     pool.held = arguments
     pool.incarnations = incarnations
@@ -252,9 +264,7 @@ class RayTrainee(ThreadsTrainee):
     finally:
       self._quiet.close()
       if self.started_ray:
-        import ray  # noqa: PLC0415 (module docstring)
-
-        ray.shutdown()
+        ray_connection.shutdown()
 
 
 # JAX's variable that, set to "false", has a GPU process take memory as it needs
@@ -312,6 +322,13 @@ class RayRuntime(ThreadsRuntime):
   @classmethod
   def check(cls, config: ml_collections.ConfigDict) -> None:
     super().check(config)
+    require(
+      not tiers.TWO_TIER.of(config) or config.ray.servers == 1,
+      fields.SERVERS,
+      config.ray.servers,
+      "with two-tier servers (outer.two_tier) each group server and the global server is "
+      "a process of its own, whole: leave it 1",
+    )
     if importlib.util.find_spec("ray") is None:
       raise ConfigError(
         "config.runtime='ray' needs the package ray, which is not installed: "
@@ -354,7 +371,6 @@ class RayRuntime(ThreadsRuntime):
     return f"{config.algorithm}: {config.workers} worker processes, {servers} (Ray)"
 
   def trainee(self, state, clock_state, resumed_at) -> RayTrainee:
-    import ray  # noqa: PLC0415 (module docstring)
 
     config = self.setup.config
     started = connect(config)
@@ -370,9 +386,10 @@ class RayRuntime(ThreadsRuntime):
         self.sent_bytes,
         clock_state,
         resumed_at,
+        model_bytes=self.model_bytes,
         started_ray=started,
       )
     except BaseException:
       if started:
-        ray.shutdown()
+        ray_connection.shutdown()
       raise

@@ -51,6 +51,7 @@ from absl import logging
 from easgd import arguments
 from easgd.sim.ticks import OpKind
 from easgd.train.runtimes import trace as trace_lib
+from easgd.train.runtimes.threads import live_clock
 from easgd.train.runtimes.threads.workers import Workers, _Stop
 
 # Seconds between checks that a worker's restarted process is up.
@@ -81,13 +82,17 @@ class _ResetAtCut(Exception):
 class RayWorkers(Workers):
   """runtime=threads' coordination, its workers and master in other processes."""
 
-  def __init__(self, actors, servers, blocks, fresh_opt, on_loss: str, *args, **kwargs):
+  def __init__(
+    self, actors, servers, blocks, fresh_opt, on_loss: str, *args, global_server=None, **kwargs
+  ):
     """actors: each worker's WorkerProcess handle (None for a worker gone for good);
-    servers: the ServerProcess handles; blocks: their split of the center
-    (actors.Blocks); fresh_opt: a joining worker's optimizer state, as NumPy;
-    the rest: Workers'."""
+    servers: the ServerProcess handles (two tiers: each group's GroupServerProcess);
+    blocks: their split of the center (actors.Blocks); fresh_opt: a joining worker's
+    optimizer state, as NumPy; global_server: two tiers' GlobalServerProcess; the
+    rest: Workers'."""
     super().__init__(*args, **kwargs)
     self.actors, self.servers, self.blocks = actors, servers, blocks
+    self.global_server = global_server
     self.fresh_opt, self.on_loss = fresh_opt, on_loss
     self.held: list = []  # what the worker processes are built from, while they may restart
     self.unvalued: dict[int, int] = {}  # worker -> its traced step lost before its values
@@ -138,15 +143,19 @@ class RayWorkers(Workers):
       raise
     return loss, accuracy
 
-  def _master_operation(self, j, op, tick, position, steps_done):
-    count = len(self.servers)
-    sent, *parts = self.actors[j].request.options(num_returns=count + 1).remote(steps_done)
-    kind = int(trace_lib.OPS[op])
+  def _servers_of(self, j: int) -> list:
+    """The servers that serve worker j: every block server, or its group's server."""
+    return self.servers if self.tiers is None else [self.servers[self.group_of[j]]]
+
+  def _master_operation(self, j, op, tick, position, steps_done, staleness):
+    servers = self._servers_of(j)
+    sent, *parts = self.actors[j].request.options(num_returns=len(servers) + 1).remote(steps_done)
+    numbers = (tick, position, int(trace_lib.OPS[op]), staleness)
     # Each server checks that the row comes from the incarnation the run knows.
     expected = self.incarnations[j]
     calls = [
-      server.operate.options(num_returns=2).remote(part, tick, position, kind, sent, expected)
-      for server, part in zip(self.servers, parts, strict=True)
+      server.operate.options(num_returns=2).remote(part, *numbers, sent, expected)
+      for server, part in zip(servers, parts, strict=True)
     ]
     answers = [answer for answer, _ in calls]
     try:
@@ -167,16 +176,36 @@ class RayWorkers(Workers):
   def _answer(self, j: int, answers) -> None:
     self.actors[j].answer.remote(*answers)  # runs before the worker's next call
 
+  def _run_server_op(self, g: int, op: str, tick: int) -> None:
+    """A two-tier server's own operation in the servers' processes: the send and the
+    reply go from the group server's process to the global server's and back."""
+    del tick
+    kind = int(trace_lib.OPS[op])
+    group = self.servers[g]
+    if op == "apply":
+      reply, seconds = self.global_server.apply.options(num_returns=2).remote(
+        group.sent.remote(), kind
+      )
+      self._from_servers([seconds, group.take_reply.remote(reply)])
+    else:
+      self._from_servers([group.operation.remote(kind)])
+
   def _server_lost(self, error: Exception) -> None:
     """A call to the servers failed with `error`: the run stops in one line naming the
     server whose process died (_Stop)."""
-    for s, server in enumerate(self.servers):
+    named = [(f"server {s}", "the center's blocks it held") for s in range(len(self.servers))]
+    handles = list(self.servers)
+    if self.tiers is not None:
+      named = [(f"group {g}'s server", "its group's center") for g in range(len(self.servers))]
+      named.append(("the global server", "the global center"))
+      handles.append(self.global_server)
+    for (name, held), server in zip(named, handles, strict=True):
       try:
         ray.get(server.where.remote(), timeout=30)
       except (ray.exceptions.RayError, TimeoutError):
         self._fail(
-          f"server {s}'s process died: the center's blocks it held are lost; the same "
-          "command resumes from the last checkpoint"
+          f"{name}'s process died: {held} is lost; the same command resumes from the "
+          "last checkpoint"
         )
         raise _Stop from None
     raise RuntimeError(
@@ -189,8 +218,12 @@ class RayWorkers(Workers):
     (`_reset_at_cut`), or stops the run under cluster.on_worker_loss=stop."""
     live = [j for j, actor in enumerate(self.actors) if actor is not None and j not in self.rowless]
     rows = {j: self.actors[j].row.remote() for j in live}
+    if self.tiers is not None:
+      servers = [self.global_server, *self.servers]
+    else:
+      servers = self.servers
     try:
-      states = self._from_servers([server.state.remote() for server in self.servers])
+      states = self._from_servers([server.state.remote() for server in servers])
     except _Stop:
       raise self.failure from None
     lost = set(self.rowless)
@@ -200,10 +233,17 @@ class RayWorkers(Workers):
       except WorkerLost:
         lost.add(j)
         self.incarnations[j] = None
-    self.center = self.blocks.join([center for center, _ in states])
-    self.center_opt = self.blocks.opt_join([opt for _, opt in states])
+    if self.tiers is not None:
+      (self.center, self.global_opt), *groups = states
+      self.group_states = list(groups)
+    else:
+      self.center = self.blocks.join([center for center, _ in states])
+      self.center_opt = self.blocks.opt_join([opt for _, opt in states])
     for j in sorted(lost):
-      self._reset_at_cut(j, [center for center, _ in states])
+      if self.tiers is not None:
+        self._reset_at_cut(j, [self._center_of(j)])
+      else:
+        self._reset_at_cut(j, [center for center, _ in states])
     for j in range(self.num_workers):  # on its device, as the loop's state takes them
       device = self._device_of(j)
       self.workers[j] = jax.device_put(self.workers[j], device)
@@ -223,8 +263,8 @@ class RayWorkers(Workers):
     tick = self.clock.packer.emit(self._now(), j, False, OpKind.RESET, at_cut=self.limit)
     self.clock.missed[j] = 0
     self._record(j, op, False, tick, read=self.clock.version, cut=True)
-    self.workers[j] = jax.tree.map(lambda leaf: np.asarray(leaf)[None], self.center)
-    self.worker_opt[j] = self.fresh_opt
+    self.workers[j] = jax.tree.map(lambda leaf: np.asarray(leaf)[None], self._center_of(j))
+    self.worker_opt[j] = self.rule.restarted_opt(self.fresh_opt, self.workers[j])
     self.rowless.discard(j)
     if op == "leave":
       self._leave(j)
@@ -252,7 +292,11 @@ class RayWorkers(Workers):
 
   def parked(self) -> bool:
     gone = set(self.clock.gone)
-    return all(at == self.limit or j in gone for j, at in enumerate(self.parked_at))
+    workers = self.parked_at[: self.num_workers]
+    return all(at == self.limit or j in gone for j, at in enumerate(workers)) and all(
+      at == self.limit or self.clock.phase[g] == live_clock.IDLE
+      for g, at in enumerate(self.parked_at[self.num_workers :])
+    )
 
   def _next_turn(self, j: int) -> int:
     gone = set(self.clock.gone)
@@ -347,13 +391,15 @@ class RayWorkers(Workers):
           tick = packer.index_of(j, False, True, reset=True)
           fits = tick <= self.limit
         if fits:
-          parts = self._from_servers([server.center_part.remote() for server in self.servers])
+          parts = self._from_servers(
+            [server.center_part.remote() for server in self._servers_of(j)]
+          )
           if op == "join":
             self._get(j, self.actors[j].join.remote(*parts))
           else:
             center = self.blocks.join(parts)
             self.workers[j] = jax.tree.map(lambda leaf: np.asarray(leaf)[None], center)
-            self.worker_opt[j] = self.fresh_opt
+            self.worker_opt[j] = self.rule.restarted_opt(self.fresh_opt, self.workers[j])
           with self.cond:
             if op == "leave":
               self._leave(j)
@@ -368,12 +414,12 @@ class RayWorkers(Workers):
   def start(self) -> None:
     """Starts the threads of the workers that have not left."""
     self._started = time.perf_counter()
-    for j, thread in enumerate(self.threads):
-      if self.actors[j] is not None:
+    for j, thread in enumerate(self.threads):  # the workers', then two tiers' servers'
+      if j >= self.num_workers or self.actors[j] is not None:
         thread.start()
 
   def stop(self) -> None:
     super().stop()
-    for handle in [*self.actors, *self.servers]:
+    for handle in [*self.actors, *self.servers, self.global_server]:
       if handle is not None:
         ray.kill(handle, no_restart=True)

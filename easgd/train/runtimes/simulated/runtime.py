@@ -131,7 +131,12 @@ class SimulatedRuntime(RuleRuntime):
       resets = (kind == ticks.OpKind.RESET for tick in replayed for kind, _ in tick.ops)
       self.rule.resets = any(resets)
       clock = replay_clock.ReplayClock(
-        replayed, self.cluster, self.model_bytes, config.seed, self.sent_bytes
+        replayed,
+        self.cluster,
+        self.model_bytes,
+        config.seed,
+        self.sent_bytes,
+        groups=trace.server_groups(config),
       )
     else:
       clock = self.rule.make_clock(self.cluster, self.model_bytes, config.seed, self.sent_bytes)

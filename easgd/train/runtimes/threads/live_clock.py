@@ -9,21 +9,33 @@ class LiveClock(RunTotals):
   seconds of training, over every resumption) and everything the threads
   runtime needs to continue from a checkpoint."""
 
-  def __init__(self, num_workers: int):
+  def __init__(self, num_workers: int, groups: int = 0):
+    """groups: two-tier servers' groups (easgd.rules.tiers), 0 for one master."""
     super().__init__(num_workers)
-    self.packer = TickPacker(num_workers)
+    self.packer = TickPacker(num_workers, groups)
     self.missed = [0] * num_workers  # writes by others since each worker's last read
-    self.version = 0  # writes to the center
+    self.version = 0  # writes to the center (to any group's, with two tiers)
     self.turn = 0  # round robin: whose request is next
     self.events = 0  # lines in the trace after its header
+    # Two tiers: each group's round-robin turn (a position among its workers), its
+    # requests since its last merge, and its send's phase: IDLE, SENT (to be applied
+    # by the global server), APPLIED (its reply to be merged).
+    self.groups = groups
+    self.turns = [0] * groups
+    self.since_merge = [0] * groups
+    self.phase = [IDLE] * groups
 
   def state_dict(self) -> dict:
+    tiers = {}
+    if self.groups:
+      tiers = {"turns": self.turns, "since_merge": self.since_merge, "phase": self.phase}
     return {
       **super().state_dict(),
       "missed": list(self.missed),
       "version": self.version,
       "turn": self.turn,
       "events": self.events,
+      **{name: list(values) for name, values in tiers.items()},
       **self.packer.state_dict(),
     }
 
@@ -33,4 +45,13 @@ class LiveClock(RunTotals):
     self.version = int(state["version"])
     self.turn = int(state["turn"])
     self.events = int(state["events"])
+    if self.groups:
+      self.turns = [int(n) for n in state["turns"]]
+      self.since_merge = [int(n) for n in state["since_merge"]]
+      self.phase = [int(n) for n in state["phase"]]
     self.packer.load_state_dict(state)
+
+
+# A two-tier group server's send: none in flight, sent (the global server is to apply
+# it), applied (its reply is to be merged).
+IDLE, SENT, APPLIED = 0, 1, 2

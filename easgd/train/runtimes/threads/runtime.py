@@ -18,6 +18,8 @@ runtime's program: a replay reaches the same bits (docs/asynchrony.md, "Real
 asynchrony", says where it does not).
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -32,7 +34,7 @@ from easgd.data import batches
 from easgd.errors import require
 from easgd.infra import profiler, sharding
 from easgd.infra.compile import compile_program
-from easgd.rules import AXIS, Rule, TrainState
+from easgd.rules import AXIS, Rule, TrainState, tiers
 from easgd.rules.spmd import exchange_key
 from easgd.sim import timing
 from easgd.train import loop
@@ -41,7 +43,7 @@ from easgd.train.runtimes import trace as trace_lib
 from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime, parameter_server_rules
 from easgd.train.runtimes.simulated.fields import REPLAY
 from easgd.train.runtimes.threads.live_clock import LiveClock
-from easgd.train.runtimes.threads.workers import Rows, Workers
+from easgd.train.runtimes.threads.workers import Rows, TwoTier, Workers
 
 
 def programs(rule: Rule, loss_fn, batch_size: int, augment):
@@ -73,13 +75,15 @@ def programs(rule: Rule, loss_fn, batch_size: int, augment):
       kept = rule.apply_deferred(kept, deferred)
     return kept, new_opt, loss, accuracy
 
-  def master(center, center_opt, row, rng, tick, position, kind):
-    """Operation `kind` of worker j (row 0), the position-th of tick `tick`: the tick
-    program's loop and key (ParameterServerRule.serve), run for this one operation."""
+  def master(center, center_opt, row, rng, tick, position, kind, staleness):
+    """Operation `kind` of worker j (row 0), the position-th of tick `tick`, at its
+    `staleness`: the tick program's loop and key (ParameterServerRule.serve), run for
+    this one operation."""
     size = 2 * rule.hyper.num_workers
     ops = {
       "op_kind": jnp.zeros(size, jnp.int32).at[position].set(kind),
       "op_worker": jnp.zeros(size, jnp.int32),
+      "op_staleness": jnp.zeros(size, jnp.int32).at[position].set(staleness),
       "num_ops": position + 1,
     }
     key = exchange_key(TrainState(tick, rng, (), (), (), (), ()))
@@ -91,10 +95,32 @@ def programs(rule: Rule, loss_fn, batch_size: int, augment):
   return local, master
 
 
+def served_rule(rule: Rule) -> Rule:
+  """The rule as its master serves one request: itself, or with two-tier servers as the
+  one master serves it, on a group's center (each group server's operation)."""
+  if not rule.hyper.two_tier:
+    return rule
+  served = type(rule)(dataclasses.replace(rule.hyper, two_tier=False))
+  served.resets = rule.resets
+  return served
+
+
+def server_program(rule: Rule):
+  """Two-tier servers' own operation (SEND, APPLY or MERGE) for one group, as the tick
+  program runs it (easgd.rules.tiers.server_operation)."""
+
+  def server(center, global_opt, group, kind):
+    return tiers.server_operation(center, global_opt, group, kind, rule.hyper)
+
+  return server
+
+
 # The in and out specs of `programs`' local step and master operation, each jitted over
-# a mesh of one device: the local step takes its worker's rows, and the run's key whole.
+# a mesh of one device: the local step takes its worker's rows, and the run's key whole;
+# and of the two-tier servers' own operation.
 LOCAL_SPECS = ((P(AXIS),) * 3 + (P(),) + (P(AXIS),) * 4, P(AXIS))
-MASTER_SPECS = ((P(),) * 7, P())
+MASTER_SPECS = ((P(),) * 8, P())
+SERVER_SPECS = ((P(),) * 4, P())
 
 
 def on_device(function, specs, device):
@@ -117,9 +143,10 @@ class ThreadsTrainee(RuleReports):
     sent_bytes: float,
     clock_state: dict | None,
     resumed_at: int | None,
+    model_bytes: float = 0.0,
   ):
     config = setup.config
-    clock = LiveClock(config.workers)
+    clock = LiveClock(config.workers, trace_lib.server_groups(config))
     if clock_state is not None:
       clock.load_state_dict(clock_state)
     # First: a resumed run whose trace is missing or short stops here, having written nothing.
@@ -134,6 +161,7 @@ class ThreadsTrainee(RuleReports):
     rows = self._split(state, setup.train_images, setup.train_labels)
     mean_times = cluster.mean_step_times(config.workers)
     pacing = (sent_bytes, mean_times / mean_times.min() - 1.0, rule.periods(cluster), self.cut)
+    pacing += (TwoTier.of(rule, cluster, model_bytes),)
     self.pool = self._workers(rule, setup, rows, clock, trace, pacing)
     self.started = False  # the threads start at the first step
 
@@ -193,17 +221,19 @@ class ThreadsTrainee(RuleReports):
       step=jax.device_put(np.int32(self.cut), replicated),
       rng=self.rng,
       center=jax.device_put(pool.center, replicated),
-      center_opt=jax.device_put(pool.center_opt, replicated),
+      center_opt=jax.device_put(pool.center_opt_now(), replicated),
       workers=stacked(pool.workers),
       worker_opt=stacked(pool.worker_opt),
       worker_steps=jax.device_put(np.asarray(pool.steps, np.int32), split),
     )
 
   def _compile(self, rule: Rule, setup: setup_lib.Setup, rows: Rows):
-    """Each device's local step, and the master's operation on the center's device."""
+    """Each device's local step, and the master's operation on the center's device
+    (two tiers: a group server's, on a group's center, and the servers' own)."""
     config = setup.config
     augment = augment_lib.get(config.data.augment)
-    local, master = programs(rule, setup.loss_fn, config.data.batch_size, augment)
+    two_tier = rule.hyper.two_tier
+    local, master = programs(served_rule(rule), setup.loss_fn, config.data.batch_size, augment)
     platform = setup.platform
 
     def on(device, value):
@@ -219,12 +249,19 @@ class ThreadsTrainee(RuleReports):
     center = self.devices[0]
     fields = {f: rows.worker_opt[0][f] for f in rule.request_fields()}
     row = {"workers": rows.workers[0], **fields, "worker_steps": on(self.devices[0], [0])}
-    args = (rows.center, rows.center_opt, jax.device_put(row, center))
-    args += (rows.rng_on[center], on(center, 0), on(center, 0), on(center, 0))
+    center_tree, center_opt = rows.center, rows.center_opt
+    if two_tier:
+      center_tree, center_opt = center_opt["groups"][0]["center"], center_opt["groups"][0]["opt"]
+    args = (center_tree, center_opt, jax.device_put(row, center))
+    args += (rows.rng_on[center], *(on(center, 0) for _ in range(4)))
     master_op = compile_program(on_device(master, MASTER_SPECS, center).lower(*args), platform)
-    return {device: compile_program(program, platform) for device, program in pending.items()}, (
-      master_op
-    )
+    compiled = {device: compile_program(program, platform) for device, program in pending.items()}
+    if not two_tier:
+      return compiled, master_op
+    server = on_device(server_program(rule), SERVER_SPECS, center)
+    tiers_state = rows.center_opt
+    args = (rows.center, tiers_state["global"], tiers_state["groups"][0], on(center, 0))
+    return compiled, master_op, compile_program(server.lower(*args), platform)
 
   # The loop's side.
 
@@ -324,5 +361,12 @@ class ThreadsRuntime(RuleRuntime):
 
   def trainee(self, state, clock_state, resumed_at) -> ThreadsTrainee:
     return ThreadsTrainee(
-      self.setup, self.rule, state, self.cluster, self.sent_bytes, clock_state, resumed_at
+      self.setup,
+      self.rule,
+      state,
+      self.cluster,
+      self.sent_bytes,
+      clock_state,
+      resumed_at,
+      model_bytes=self.model_bytes,
     )

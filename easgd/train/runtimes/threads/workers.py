@@ -31,6 +31,15 @@ Stragglers: cluster.speed_spread and cluster.stragglers become real delays
 (a worker c_i/c_min times slower than the fastest sleeps (c_i/c_min - 1)
 times its measured step after each step); the other timing fields describe
 a network and a master that this runtime measures instead.
+
+Two-tier servers (outer.two_tier, easgd.rules.tiers): a worker's request is
+served on its group's center (round robin: in its group's own turn), and the
+thread of the worker whose request is its group's K-th since the last merge
+sends at once; a thread per group server then carries the send to the global
+server (APPLY) and the reply back (MERGE), parking at the limit as the workers
+do. Every server's operation runs under the one lock, as the one master's do:
+they all run on the center's device, one after another anyway, and the order
+they take is the trace's.
 """
 
 import dataclasses
@@ -44,8 +53,9 @@ from absl import logging
 
 from easgd.errors import WorkerFailed
 from easgd.rules import Rule
-from easgd.sim import clocks
+from easgd.sim import clocks, timing
 from easgd.train.runtimes import trace as trace_lib
+from easgd.train.runtimes.threads import live_clock
 from easgd.train.runtimes.threads.live_clock import LiveClock
 
 # Seconds between the loop's checks for a failed worker while it waits.
@@ -63,8 +73,29 @@ class Rows:
   labels: list  # and its labels [1, n]
   steps: list[int]  # each worker's local steps so far
   center: Any  # the center's tree, on the first device
-  center_opt: Any  # the master's optimizer state, on the first device
+  center_opt: Any  # the master's optimizer state (two tiers: theirs), on the first device
   rng_on: dict  # the run's key on each device
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoTier:
+  """What the threads need of two-tier servers (outer.two_tier): the groups' sizes, K,
+  the model's bytes (a send's and a reply's) and which group servers reach the
+  global server between groups."""
+
+  groups: tuple[int, ...]
+  every: int
+  model_bytes: float
+  between: tuple[bool, ...]
+
+  @classmethod
+  def of(cls, rule: Rule, cluster: timing.Cluster, model_bytes: float) -> "TwoTier | None":
+    hyper = rule.hyper
+    if not hyper.two_tier:
+      return None
+    groups = cluster.group_sizes(hyper.num_workers)
+    between = tuple(g != cluster.server_group for g in range(len(groups)))
+    return cls(tuple(groups), hyper.global_every, model_bytes, between)
 
 
 class _Stop(Exception):
@@ -87,9 +118,11 @@ class Workers:
     delay_factor: np.ndarray,
     periods: tuple[int, ...],
     cut: int,
+    tiers: TwoTier | None = None,
   ):
-    """programs: (local step per device, master operation) as compiled; periods: each
-    worker's local steps between two of its requests (`rule.periods`)."""
+    """programs: (local step per device, master operation[, a server's operation]) as
+    compiled; periods: each worker's local steps between two of its requests
+    (`rule.periods`); tiers: two-tier servers' settings (None: one master)."""
     self.rule, self.clock, self.trace = rule, clock, trace
     self.num_workers = len(rows.workers)
     self.devices, self.center_device = devices, devices[0]
@@ -97,12 +130,16 @@ class Workers:
     self.workers, self.worker_opt = rows.workers, rows.worker_opt
     self.images, self.labels, self.steps = rows.images, rows.labels, rows.steps
     self.center, self.center_opt, self.rng_on = rows.center, rows.center_opt, rows.rng_on
-    self.local, self.master_op = programs
+    self.local, self.master_op, *server_op = programs
+    self.server_op = server_op[0] if server_op else None
     self.sent_bytes, self.delay_factor, self.periods = sent_bytes, delay_factor, periods
     self.cond = threading.Condition()
     self.master = threading.Lock()  # held while an operation runs
+    self.tiers = tiers
     self.limit = cut - 1  # the last tick events may be committed to
-    self.parked_at: list[int | None] = [None] * self.num_workers  # the limit each waits at
+    groups = len(tiers.groups) if tiers else 0
+    # The limit each worker (then each group server's sender) waits at.
+    self.parked_at: list[int | None] = [None] * (self.num_workers + groups)
     self.stopping = False
     self.failure: WorkerFailed | None = None
     self.compute_seconds = [0.0] * self.num_workers  # each worker's latest local step
@@ -116,6 +153,19 @@ class Workers:
       threading.Thread(target=self._worker, args=(j,), name=f"worker-{j}", daemon=True)
       for j in range(self.num_workers)
     ]
+    if tiers is not None:
+      self.group_of = [int(g) for g in timing.group_of(tiers.groups, self.num_workers)]
+      self.members = [
+        [j for j in range(self.num_workers) if self.group_of[j] == g] for g in range(groups)
+      ]
+      # Each group server's state, and the global server's optimizer state (the
+      # center is x~): they change under their own servers' locks.
+      self.group_states = list(self.center_opt["groups"])
+      self.global_opt = self.center_opt["global"]
+      self.threads += [
+        threading.Thread(target=self._uplink, args=(g,), name=f"group-server-{g}", daemon=True)
+        for g in range(groups)
+      ]
 
   def start(self) -> None:
     self._started = time.perf_counter()
@@ -155,7 +205,22 @@ class Workers:
       raise self.failure
 
   def parked(self) -> bool:
-    return all(at == self.limit for at in self.parked_at)
+    workers = self.parked_at[: self.num_workers]
+    servers = [
+      at == self.limit or self.clock.phase[g] == live_clock.IDLE
+      for g, at in enumerate(self.parked_at[self.num_workers :])
+    ]
+    return all(at == self.limit for at in workers) and all(servers)
+
+  def _center_of(self, j: int):
+    """The center worker j restarts from: the one master's, or its group server's."""
+    return self.center if self.tiers is None else self.group_states[self.group_of[j]]["center"]
+
+  def center_opt_now(self):
+    """The master's optimizer state as the tick program holds it (two tiers: theirs)."""
+    if self.tiers is None:
+      return self.center_opt
+    return {"global": self.global_opt, "groups": tuple(self.group_states)}
 
   def wait_for_cut(self) -> None:
     """Until every worker is parked at the limit: then the state is the cut of that
@@ -272,6 +337,8 @@ class Workers:
     if "staleness" in record:
       self.clock.requests[j] += 1
       self.clock.bytes_sent[j] += self.sent_bytes
+      if self.tiers is not None:
+        self.clock.count_levels([0])
     self.cond.notify_all()
 
   def _local_only(self, j: int) -> None:
@@ -319,9 +386,9 @@ class Workers:
     packer = self.clock.packer
     if self.rule.policy == clocks.Policy.ROUND_ROBIN:
       with self.cond:
-        while self.clock.turn != j:
+        while self._turn_holder(j) != j:
           self._check_stop()
-          holder = self.clock.turn
+          holder = self._turn_holder(j)
           if self.parked_at[holder] == self.limit:
             # The request before ours falls beyond the limit, so ours does too.
             self._park_until(j, lambda holder=holder: self.parked_at[holder] != self.limit)
@@ -342,20 +409,32 @@ class Workers:
       self._park_until(j, lambda: packer.index_of(j, local, True) <= self.limit)
     return False
 
+  def _turn_holder(self, j: int) -> int:
+    """Round robin: whose request is next at worker j's server."""
+    if self.tiers is None:
+      return self.clock.turn
+    members = self.members[self.group_of[j]]
+    return members[self.clock.turns[self.group_of[j]]]
+
   def _operate(self, j, op, tick, position, wait, local) -> None:
-    """Runs worker j's operation at the master and records it (master lock held)."""
+    """Runs worker j's operation at its server and records it (master lock held)."""
     steps_done = self.steps[j] + 1 if local else self.steps[j]
+    with self.cond:  # the others' writes since j's last read: none lands under the lock
+      staleness = 0 if op == "write" else self.clock.missed[j]
     started = time.perf_counter()
-    answer = self._master_operation(j, op, tick, position, steps_done)
+    answer = self._master_operation(j, op, tick, position, steps_done, staleness)
     service = time.perf_counter() - started
     if op == "write":
       with self.cond:
         self._written(j)
         self._emit(j, False, op, tick)
         self._record(j, op, False, tick, wrote=self.clock.version, service=service)
+        sends = self._served(j)
+      if sends:
+        self._server_operation(self.group_of[j], "send")
       return
     with self.cond:
-      staleness, self.clock.missed[j] = self.clock.missed[j], 0
+      self.clock.missed[j] = 0
       record = {"staleness": staleness, "wait": wait, "read": self.clock.version}
       record["service"] = service
       if op == "exchange":
@@ -368,11 +447,105 @@ class Workers:
         self._emit(j, False, op, tick, staleness, wait)
         self._record(j, op, False, tick, **record)
       if self.rule.policy == clocks.Policy.ROUND_ROBIN:
-        self.clock.turn = self._next_turn(j)
+        self._advance_turn(j)
+      sends = op == "exchange" and self._served(j)
+    if sends:
+      self._server_operation(self.group_of[j], "send")
+
+  def _advance_turn(self, j: int) -> None:
+    """Round robin: the turn passes from worker j to the next of its server's."""
+    if self.tiers is None:
+      self.clock.turn = self._next_turn(j)
+    else:
+      g = self.group_of[j]
+      self.clock.turns[g] = (self.clock.turns[g] + 1) % len(self.members[g])
 
   def _next_turn(self, j: int) -> int:
     """Round robin: whose request follows worker j's."""
     return (j + 1) % self.num_workers
+
+  # Two tiers: the group servers' sends, and their threads.
+
+  def _served(self, j: int) -> bool:
+    """Worker j's request is applied at its group's server (self.cond held): whether it
+    is the K-th since the last merge, with no send in flight, so that the server
+    sends (`_server_operation`, under the master lock still)."""
+    if self.tiers is None:
+      return False
+    g = self.group_of[j]
+    self.clock.since_merge[g] += 1
+    return self.clock.since_merge[g] >= self.tiers.every and self.clock.phase[g] == live_clock.IDLE
+
+  def _server_operation(self, g: int, op: str) -> None:
+    """Group g's server's operation `op` (send, apply, merge), run and recorded (the
+    master lock held: no other operation falls between its tick and its record)."""
+    row = self.num_workers + g
+    with self.cond:
+      self._check_stop()
+      tick = self.clock.packer.index_of(row, False, True)
+    started = time.perf_counter()
+    self._run_server_op(g, op, tick)
+    service = time.perf_counter() - started
+    with self.cond:
+      if self.clock.packer.emit(self._now(), row, False, trace_lib.OPS[op]) != tick:
+        raise RuntimeError(f"group {g}'s {op} fell in another tick than {tick}")
+      event = trace_lib.Event(g, 0, op, False, tick, time=self._now(), service=service)
+      self.trace.add(event)
+      self.clock.events += 1
+      self.clock.time = event.time
+      if op == "send":
+        self.clock.count_levels([1])
+      if op in ("send", "merge"):  # a send's change goes out, the global model comes back
+        self.clock.server_bytes[int(self.tiers.between[g])] += self.tiers.model_bytes
+      self.clock.phase[g] = {"send": live_clock.SENT, "apply": live_clock.APPLIED}.get(
+        op, live_clock.IDLE
+      )
+      if op == "merge":
+        self.clock.since_merge[g] = 0
+        for worker in self.members[g]:
+          self.clock.missed[worker] += 1
+        self.clock.version += 1
+      self.cond.notify_all()
+
+  def _run_server_op(self, g: int, op: str, tick: int) -> None:
+    """The server operation's program on this host's devices (the center's)."""
+    del tick
+    numbers = (np.int32(trace_lib.OPS[op]),)
+    center, global_opt, group = self.server_op(
+      self.center, self.global_opt, self.group_states[g], *numbers
+    )
+    self.center, self.global_opt, self.group_states[g] = jax.block_until_ready(
+      (center, global_opt, group)
+    )
+
+  def _uplink(self, g: int) -> None:
+    try:
+      while True:
+        self._carry(g)
+    except _Stop:
+      return
+    except BaseException as error:  # noqa: BLE001 (any failure stops the run, named)
+      message = str(error).splitlines()[0] if str(error) else ""
+      self._fail(f"group {g}'s server failed: {type(error).__name__}: {message}")
+
+  def _carry(self, g: int) -> None:
+    """Group g's send to the global server (APPLY), then its reply back (MERGE), each
+    under the master lock, parking at the limit as a worker does."""
+    row = self.num_workers + g
+    with self.cond:
+      while self.clock.phase[g] == live_clock.IDLE:
+        self._check_stop()
+        self.cond.wait()
+    with self.master:
+      with self.cond:
+        self._check_stop()
+        fits = self.clock.packer.index_of(row, False, True) <= self.limit
+        op = "apply" if self.clock.phase[g] == live_clock.SENT else "merge"
+      if fits:
+        self._server_operation(g, op)
+        return
+    with self.cond:  # parked outside the lock: the others go on to their cut
+      self._park_until(row, lambda: self.clock.packer.index_of(row, False, True) <= self.limit)
 
   # Where the workers' rows and the center are: on this host's devices. A runtime
   # whose workers are elsewhere (easgd.train.runtimes.ray.workers) overrides these.
@@ -399,12 +572,24 @@ class Workers:
     self.workers[j], self.worker_opt[j] = workers, dict(opt, **fields)
     return float(loss[0]), float(accuracy[0])
 
-  def _master_operation(self, j: int, op: str, tick: int, position: int, steps_done: int):
-    """Worker j's operation `op`, the position-th of tick `tick`, on the center;
-    returns its answer for `_answer` (None for a WRITE)."""
+  def _master_operation(
+    self, j: int, op: str, tick: int, position: int, steps_done: int, staleness: int
+  ):
+    """Worker j's operation `op`, the position-th of tick `tick`, at its `staleness`, on
+    the center; returns its answer for `_answer` (None for a WRITE)."""
     center_device = self.center_device
     row = jax.device_put(self._row(j, steps_done), center_device)
     numbers = (np.int32(tick), np.int32(position), np.int32(trace_lib.OPS[op]))
+    numbers += (np.int32(staleness),)
+    if self.tiers is not None:  # on its group server's center and optimizer state
+      g = self.group_of[j]
+      group = self.group_states[g]
+      center, opt, row = self.master_op(
+        group["center"], group["opt"], row, self.rng_on[center_device], *numbers
+      )
+      center, opt = jax.block_until_ready((center, opt))
+      self.group_states[g] = dict(group, center=center, opt=opt)
+      return None if op == "write" else jax.device_put(row, self._device_of(j))
     center, center_opt, row = self.master_op(
       self.center, self.center_opt, row, self.rng_on[center_device], *numbers
     )
@@ -427,7 +612,8 @@ class Workers:
 
   def _written(self, j: int) -> None:
     self.clock.version += 1
-    for other in range(self.num_workers):
+    others = range(self.num_workers) if self.tiers is None else self.members[self.group_of[j]]
+    for other in others:
       if other != j:
         self.clock.missed[other] += 1
 
