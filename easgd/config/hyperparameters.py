@@ -61,8 +61,10 @@ def hint(field: str) -> str:
 
 def grouped(saved: dict) -> dict:
   """A flattened config of an earlier version under the grouped names, with the
-  EARLIER_VALUES of the fields it lacks."""
-  return EARLIER_VALUES | {moved(field) or field: value for field, value in flatten(saved).items()}
+  EARLIER_VALUES of the fields it lacks, as JSON holds them (a tuple a list), as `flatten`
+  gives the current config's."""
+  earlier = flatten(EARLIER_VALUES)
+  return earlier | {moved(field) or field: value for field, value in flatten(saved).items()}
 
 
 def moved(field: str) -> str | None:

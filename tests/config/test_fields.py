@@ -77,6 +77,18 @@ def test_the_migration_hints_come_from_the_declarations():
   assert hyperparameters.EARLIER_VALUES.items() >= before.items()
 
 
+def test_a_checkpoint_without_an_added_field_reads_as_its_earlier_value():
+  """A field added since, at a default that computes what came before, compares equal to a
+  checkpoint that lacks it, tuples (as JSON holds them) included."""
+  current = hyperparameters.flatten(default.get_config().to_dict())
+  added = hyperparameters.EARLIER_VALUES
+  saved = hyperparameters.grouped({k: v for k, v in current.items() if k not in added})
+  unchanged = [f.path for f in fields.FIELDS_DECLARED if f.added and f.earlier == f.default]
+  assert "cluster.groups" in unchanged and "cluster.group_slowdowns" in unchanged
+  for field in unchanged:
+    assert saved[field] == current[field], field
+
+
 def test_what_shapes_a_trajectory_is_declared():
   assert hyperparameters.shapes_trajectory("seed", "sync_easgd")
   assert not hyperparameters.shapes_trajectory("run.log_every", "sync_easgd")

@@ -143,7 +143,7 @@ def test_its_clock_all_reduces_among_a_group_every_period():
   for consensus, messages in ((1.0, 1), (0.0, 1), (0.5, 2)):
     hyper = rules.Hyper(8, ETA, comm_period=3, group_size=2, consensus=consensus)
     clock = rules.make_rule("noloco", hyper).make_clock(cluster, model_bytes=100.0, seed=0)
-    assert isinstance(clock, clocks.SyncClock) and clock.participants == 2
+    assert isinstance(clock, clocks.SyncClock) and clock.levels == (timing.Exchange(block=2),)
     sent = [clock.next_tick().bytes_sent[0] for _ in range(6)]
     assert sent == [0, 0, timing.allreduce_bytes(messages * 100.0, 2)] * 2
 
