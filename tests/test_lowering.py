@@ -220,7 +220,7 @@ def _threads_master(program: Program):
   row = {"workers": _rows(state.workers), **fields, "worker_steps": _rows(state.worker_steps)}
   scalar = jax.ShapeDtypeStruct((), jnp.int32)
   center = _unplaced((state.center, state.center_opt))
-  return jitted, (*center, row, _unplaced(state.rng), scalar, scalar, scalar)
+  return jitted, (*center, row, _unplaced(state.rng), scalar, scalar, scalar, scalar)
 
 
 def _pipeline_init(program: Program):

@@ -626,7 +626,10 @@ def test_the_slurm_recipe_runs_as_written_on_a_head_with_token_authentication(
     assert row["status"] == "done", output[-3000:]
     # The head, still up (srun's ray start --block), wants a token: others are refused.
     address = f"127.0.0.1:{port}"
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    # check() turns token authentication on for this process (RAY_AUTH_MODE=token):
+    # recorded first, so that the test's end takes it back for the tests after it.
+    monkeypatch.setenv("RAY_AUTH_MODE", "")
+    monkeypatch.delenv("RAY_AUTH_MODE")
     monkeypatch.setenv("HOME", str(tmp_path))  # no token here
     with pytest.raises(ConfigError, match="uses token authentication, and this machine has no"):
       ray_connection.check(address, "--ray_address")

@@ -269,19 +269,18 @@ def test_a_preemption_with_the_workers_at_the_next_log_logs_it_and_resumes_as_th
     made(self, *args, **kwargs)
     pools.append(self.pool)
 
-  class NoticeWithTheWorkersAhead:
+  real_watch = loop.preemption.PreemptionWatch
+
+  class NoticeWithTheWorkersAhead(real_watch):
     def should_stop(self, step):
       if step != 13:
         return False
       pool = pools[-1]
       with pool.cond:
         pool.wait(pool.parked)  # no clock: the workers reach the limit, then the notice
+      self.noticed = True
       return True
 
-    def close(self):
-      pass
-
-  real_watch = loop.preemption.PreemptionWatch
   monkeypatch.setattr(threads.ThreadsTrainee, "__init__", keep_the_pool)
   monkeypatch.setattr(loop.preemption, "PreemptionWatch", NoticeWithTheWorkersAhead)
   config = _config("async_easgd", 2, **{"run.total_steps": 36}, runtime="threads")
@@ -307,14 +306,13 @@ def test_two_tier_servers_stopped_and_resumed_replay_to_the_same_bits(tmp_path, 
   its trace does, every group server's send, apply and merge in it."""
   from easgd.train import loop  # noqa: PLC0415
 
-  class NoticeAtStep13:
-    def should_stop(self, step):
-      return step == 13
-
-    def close(self):
-      pass
-
   real_watch = loop.preemption.PreemptionWatch
+
+  class NoticeAtStep13(real_watch):
+    def should_stop(self, step):
+      self.noticed = step == 13
+      return self.noticed
+
   monkeypatch.setattr(loop.preemption, "PreemptionWatch", NoticeAtStep13)
   tiers = {"outer.two_tier": True, "cluster.groups": (2, 2), "outer.global_every": 2}
   tiers |= {"outer.merge_weight": 0.5, "outer.global_momentum": 0.5}
