@@ -203,7 +203,7 @@ def main():
   missing = [
     (f"{rule}, seed {seed}", config, workdir)
     for (rule, seed), (config, workdir, saved) in runs.items()
-    if saved is None or harness.saved_total_steps(saved) != args.total_steps
+    if not harness.finished(saved, workdir, args.total_steps)
   ]
   with harness.connected(parallel):
     harness.train_all(missing, parallel, args.workdir, "asynchrony")

@@ -19,6 +19,7 @@ from easgd import arguments, executor
 from easgd.config import hyperparameters
 from easgd.configs import default
 from easgd.errors import ConfigError
+from easgd.infra import checkpoint
 
 # The center test accuracy a study times its runs to.
 TARGET = 0.95
@@ -96,6 +97,14 @@ def parse_overrides(assignments: list[str]) -> dict:
 def saved_total_steps(saved: dict):
   """run.total_steps of a checkpoint's config (whose fields may have the old flat names)."""
   return hyperparameters.grouped(saved).get("run.total_steps")
+
+
+def finished(saved: dict | None, workdir: str, total_steps: int) -> bool:
+  """Whether the run in `workdir` (`saved`: its checkpoint's config) trained all of its
+  `total_steps`: a run stopped before its end (SIGTERM saves a checkpoint) is not."""
+  if saved is None or saved_total_steps(saved) != total_steps:
+    return False
+  return checkpoint.saved_step(workdir) == total_steps
 
 
 @contextlib.contextmanager

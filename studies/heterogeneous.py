@@ -107,7 +107,7 @@ def missing(run: str, args, overrides: dict) -> list[tuple[str, object, str]]:
   for seed in range(args.seeds):
     workdir = workdir_of(args, run, seed)
     saved = checkpoint.saved_config(workdir)
-    if saved is None or harness.saved_total_steps(saved) != args.total_steps:
+    if not harness.finished(saved, workdir, args.total_steps):
       runs.append(
         (f"{run}, seed {seed}", config_for(run, args.total_steps, seed, overrides), workdir)
       )

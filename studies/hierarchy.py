@@ -122,7 +122,7 @@ def missing(args, ratios, overrides) -> list[tuple[str, object, str]]:
       for seed in range(args.seeds):
         workdir = workdir_of(args, run, ratio, seed)
         saved = checkpoint.saved_config(workdir)
-        if saved is None or harness.saved_total_steps(saved) != args.total_steps:
+        if not harness.finished(saved, workdir, args.total_steps):
           config = config_for(run, ratio, args.total_steps, seed, overrides)
           runs.append((f"{run} at {ratio:g}x, seed {seed}", config, workdir))
   return runs

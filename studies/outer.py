@@ -134,7 +134,7 @@ def train(pairs, args, overrides, parallel, label: str) -> dict:
     for seed in range(args.seeds):
       workdir = workdir_of(args, run, dtype, seed)
       saved = checkpoint.saved_config(workdir)
-      if saved is None or harness.saved_total_steps(saved) != args.total_steps:
+      if not harness.finished(saved, workdir, args.total_steps):
         config = config_for(run, dtype, args.total_steps, seed, overrides)
         missing.append((f"{run} ({dtype}), seed {seed}", config, workdir))
   harness.train_all(missing, parallel, args.workdir, label)

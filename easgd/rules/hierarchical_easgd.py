@@ -44,7 +44,7 @@ from jax import lax
 from easgd.declare import Field, Shapes, number
 from easgd.errors import require
 from easgd.rules import model_state, optimizers
-from easgd.rules.base import BASE_READS, DEFAULT_BETA, ELASTIC_READS, Momentum, Pull, Rule
+from easgd.rules.base import BASE_READS, DEFAULT_BETA, MOVING_RATE, Momentum, Pull, Rule
 from easgd.rules.hierarchical_local import LEVELS, check_levels, pairs
 from easgd.rules.optimizers import local_update, step_metrics
 from easgd.rules.outer import SyncEASGD
@@ -75,7 +75,9 @@ class HierarchicalEASGD(Rule):
   pulls = (Pull.ELASTIC,)
   exchange_dtypes = ("float32",)
   declares = (LEVELS, GLOBAL_MOVING_RATE)
-  reads = (*BASE_READS, *ELASTIC_READS, LEVELS.path, GLOBAL_MOVING_RATE.path)
+  # Its periods are its levels': outer.comm_period is not read.
+  reads = (*BASE_READS, MOVING_RATE.path, model_state.BATCH_STATS.path, LEVELS.path)
+  reads += (GLOBAL_MOVING_RATE.path,)
 
   @classmethod
   def pull_members(cls, config):

@@ -144,6 +144,15 @@ class NoLoCo(CenterRule):
       f"must divide workers={workers}: at each outer step the workers are cut into "
       "groups of that many",
     )
+    # Its random groups cross the network's groups as the permutation falls, which the
+    # timing model, pricing blocks of contiguous workers, does not follow.
+    require(
+      not timing.GROUPS.of(config),
+      timing.GROUPS,
+      timing.GROUPS.of(config),
+      "must be () with noloco: the timing model prices its random groups as contiguous "
+      "blocks, and a cluster of groups would count their messages on the wrong links",
+    )
 
   def outer_settings(self):
     """Outer SGD at eta_o with momentum mu_o (heavy-ball, or Nesterov's form): it has no

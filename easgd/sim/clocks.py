@@ -564,7 +564,7 @@ class TwoTierClock(AsyncClock):
   link between groups, or inside for the group of `cluster.server_group`), which
   serves sends one at a time, a service time each (APPLY, as the service
   starts); the global model reaches the group server one message later, which
-  merges it (MERGE) as soon as the request it is serving, if any, is done. A
+  merges it (MERGE) once the requests queued before its arrival are served. A
   worker's staleness counts its group server's updates since its last read,
   merges included.
   """

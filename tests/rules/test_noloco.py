@@ -9,6 +9,9 @@ from test_rules import ETA, make_problem, per_worker, run_rule
 
 import numpy_optim
 from easgd import rules
+from easgd.config import validation
+from easgd.configs import default
+from easgd.errors import ConfigError
 from easgd.rules import noloco
 from easgd.sim import clocks, timing
 from least_squares import numpy_grad
@@ -146,6 +149,17 @@ def test_its_clock_all_reduces_among_a_group_every_period():
     assert isinstance(clock, clocks.SyncClock) and clock.levels == (timing.Exchange(block=2),)
     sent = [clock.next_tick().bytes_sent[0] for _ in range(6)]
     assert sent == [0, 0, timing.allreduce_bytes(messages * 100.0, 2)] * 2
+
+
+def test_a_cluster_of_groups_is_refused_in_one_line():
+  """Its random groups would cross the network's groups where the timing model, pricing
+  contiguous blocks, says they do not."""
+  config = default.get_config()
+  config.update_from_flattened_dict({"algorithm": "noloco", "cluster.groups": (4, 4)})
+  with pytest.raises(
+    ConfigError, match=r"^config\.cluster\.groups=\(4, 4\) is invalid: must be \(\) with noloco"
+  ):
+    validation.validate(config)
 
 
 @pytest.mark.e2e
