@@ -140,6 +140,10 @@ def die_with_parent():
 _RAYLET_VARIABLE = b"RAY_RAYLET_PID="
 # Seconds between two looks at what the raylet has started.
 _LOOK_EVERY = 0.5
+# The agents every raylet starts (their process titles), and how long a start waits for
+# the watcher to have seen them.
+_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+_SEEN_WITHIN = 120.0
 
 
 def reap_ray_agents(raylet_pid: int):
@@ -149,13 +153,20 @@ def reap_ray_agents(raylet_pid: int):
   Linux."""
   if not sys.platform.startswith("linux"):
     return None
-  return subprocess.Popen(
+  watcher = subprocess.Popen(
     [sys.executable, "-m", "easgd.ownership", str(raylet_pid)],
     stdin=subprocess.PIPE,
-    stdout=subprocess.DEVNULL,
+    stdout=subprocess.PIPE,
     stderr=subprocess.DEVNULL,
     start_new_session=True,  # a signal to this process's group is not its end
   )
+  # The agents do not carry the raylet's pid in their environment: once the raylet has
+  # ended, nothing names them. The watcher must have seen them as the raylet's children
+  # before this process may end, so it is waited for (a guard against a hang only).
+  ready, _, _ = select.select([watcher.stdout], [], [], _SEEN_WITHIN)
+  if ready:
+    watcher.stdout.readline()
+  return watcher
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -193,14 +204,28 @@ def _processes_of(raylet_pid: int, by_environment: bool = True) -> dict[int, int
   return found
 
 
+def _title(pid: int) -> str:
+  """A process's title (its command line's first word), or "" if it has ended."""
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+      return handle.read().split(b"\0", 1)[0].decode(errors="replace")
+  except OSError:
+    return ""
+
+
 def _watch(raylet_pid: int) -> None:
   """The watcher: keeps what the raylet starts in view until the pipe closes, then kills
   each of them that is still the process it saw."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the run, not for this
   seen: dict[int, int] = {}
+  said = False
   while True:
     seen |= _processes_of(raylet_pid, by_environment=False)
-    ready, _, _ = select.select([0], [], [], _LOOK_EVERY)
+    if not said and set(_AGENTS) <= {_title(pid) for pid in seen}:
+      said = True
+      sys.stdout.write("seen\n")  # the agents are in view (reap_ray_agents waits for it)
+      sys.stdout.flush()
+    ready, _, _ = select.select([0], [], [], _LOOK_EVERY if said else 0.02)
     if ready and not os.read(0, 4096):
       break
   seen |= _processes_of(raylet_pid)

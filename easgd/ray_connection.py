@@ -209,6 +209,7 @@ def shutdown() -> None:
     watcher = _WATCHERS.pop()
     watcher.stdin.close()
     watcher.wait()
+    watcher.stdout.close()
 
 
 def _child_named(name: str) -> int | None:

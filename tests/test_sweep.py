@@ -168,10 +168,21 @@ def _logged(workdir, text: str, sizes: dict | None = None) -> bool:
   return False
 
 
-def _stopped(sweep: runs.Process, how: signal.Signals) -> tuple[int, str]:
+def _signal_session(session: int, how: signal.Signals) -> None:
+  """`how` to every process of the session `session`."""
+  for entry in filter(str.isdigit, os.listdir("/proc")):
+    with contextlib.suppress(OSError):
+      if os.getsid(int(entry)) == session:
+        os.kill(int(entry), how)
+
+
+def _stopped(sweep: runs.Process, how: signal.Signals, held: bool = False) -> tuple[int, str]:
   """The sweep sent `how` (its process alone): its exit status and output, once
-  nothing of its session is left (its Ray, its train.py processes, Ray's agents)."""
+  nothing of its session is left (its Ray, its train.py processes, Ray's agents).
+  `held`: its session was stopped (SIGSTOP), and continues once `how` is pending."""
   sweep.popen.send_signal(how)
+  if held:
+    _signal_session(sweep.popen.pid, signal.SIGCONT)
   code = sweep.popen.wait(timeout=BOUND)
   # Within half of the minute Ray's agents took on their own.
   _until(lambda: not _left_of(sweep.popen.pid), f"left: {_left_of(sweep.popen.pid)}", 30)
@@ -192,7 +203,8 @@ def _assert_resumed_to_the_serial_bits(serial, workdir, done) -> None:
     assert got == row
     if row["status"] == "done":
       runs.assert_same_bits(serial / row["run"], workdir / row["run"], 50)
-    assert f"{row['run']} {row['status']}" in done or f"{row['run']} is finished" in done
+    # Its line, or, for a point that ended before the resume, its row of the summary.
+    assert f"{row['run']} {row['status']}" in done or f"| {row['run']} |" in done
 
 
 def test_a_parallel_asha_sweep_stopped_killed_and_run_again_ends_with_the_serial_bits(
@@ -245,9 +257,11 @@ def test_a_serial_sweep_stopped_and_killed_leaves_nothing_and_resumes_to_its_bit
   flags = ("--config.outer.comm_period=2",)
   sweep = runs.Process(*command, *flags)
   sweep.wait_for(r"step 25/50", BOUND)
+  # Held there (its point would end within a second): the notice finds the point running.
+  _signal_session(sweep.popen.pid, signal.SIGSTOP)
   code, _, stderr = starter.run([*command, *flags], REPO)
   assert code == 2 and f"is in use by process {sweep.popen.pid} on " in stderr, stderr[-2000:]
-  code, said = _stopped(sweep, signal.SIGTERM)
+  code, said = _stopped(sweep, signal.SIGTERM, held=True)
   assert code == 0 and "sweep: stopped by a preemption notice (point 1/3 " in said, said[-3000:]
 
   sweep = runs.Process(*command, *flags)

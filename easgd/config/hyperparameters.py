@@ -108,8 +108,16 @@ def with_rule_defaults(
   applied = {}
   for path, value in own.items():
     *groups, name = path.split(".")
-    lookup(config, ".".join(groups))[name] = applied[path] = resumed.get(path, value)
+    taken = resumed.get(path, value)
+    if isinstance(value, tuple):  # a checkpoint's JSON holds a tuple (outer.levels) as lists
+      taken = _as_tuples(taken)
+    lookup(config, ".".join(groups))[name] = applied[path] = taken
   return applied
+
+
+def _as_tuples(value):
+  """Lists, nested, as tuples."""
+  return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def default_config() -> ml_collections.ConfigDict:

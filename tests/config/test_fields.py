@@ -152,7 +152,8 @@ def test_a_rules_defaults_go_together_and_none_apply_if_one_was_chosen(name):
   changed.algorithm = name
   *groups, field = first.split(".")
   # The config file's own value, of the field's type.
-  own = 0.5 if isinstance(hyperparameters.lookup(changed, first), float) else 3
+  current = hyperparameters.lookup(changed, first)
+  own = 0.5 if isinstance(current, float) else ((2, 4), (8, 0)) if isinstance(current, tuple) else 3
   hyperparameters.lookup(changed, ".".join(groups))[field] = own
   assert hyperparameters.with_rule_defaults(changed) == {}
   assert hyperparameters.lookup(changed, first) == own
