@@ -7,6 +7,7 @@ or from the code under test (the sampler's batch indices) is passed in as a
 function.
 """
 
+import copy
 import heapq
 
 import numpy as np
@@ -53,6 +54,37 @@ def sync_sgd(x0, batches, grad, eta, mu=0.0, nesterov=False):
     direction = _add(g, m, mu) if nesterov else m
     x = _add(x, direction, -eta)
     history.append(dict(x))
+  return history
+
+
+def warm_up_then_local(x0, batches, grad, inner, switch, average):
+  """PyTorch's post-local schedule with an averaging of one's own; [(workers, center)]
+  after each step t (from 0). `inner` is an optimizer of numpy_optim.
+
+  t < switch: g = mean_i g_i(x); every worker steps x <- x + inner(g) with one
+  optimizer state, and the center is x. t >= switch: x_i <- x_i + inner_i(g_i(x_i)),
+  each with its own state (a copy of the shared one at the switch), then
+  `average(t - switch, workers)` -> (workers, the new center or None to keep it)."""
+  num_workers = len(batches[0])
+  model, shared = dict(x0), inner.init(x0)
+  workers, states, center = None, None, dict(x0)
+  history = []
+  for t, step_batches in enumerate(batches):
+    if t < switch:
+      update, shared = inner.update(_mean([grad(model, b) for b in step_batches]), shared, model)
+      model = _add(model, update)
+      center = dict(model)
+      history.append(([dict(model) for _ in range(num_workers)], dict(center)))
+      continue
+    if workers is None:
+      workers = [dict(model) for _ in range(num_workers)]
+      states = [copy.deepcopy(shared) for _ in range(num_workers)]
+    for i, b in enumerate(step_batches):
+      update, states[i] = inner.update(grad(workers[i], b), states[i], workers[i])
+      workers[i] = _add(workers[i], update)
+    workers, averaged = average(t - switch, workers)
+    center = center if averaged is None else averaged
+    history.append(([dict(w) for w in workers], dict(center)))
   return history
 
 

@@ -1,7 +1,6 @@
 """Hierarchical Local SGD, run sharded over the mesh, against its equations in plain
 NumPy; its identity with post_local_sgd; its clock's levels on the network."""
 
-import copy
 import dataclasses
 
 import numpy as np
@@ -13,47 +12,27 @@ import numpy_optim
 from easgd import rules
 from easgd.sim import timing
 from least_squares import numpy_grad
+from numpy_reference import warm_up_then_local
 
 
 def hierarchical_local_sgd(x0, batches, inner, switch, levels):
-  """[(workers, center)] after each step t (from 0), from docs/algorithms.md.
+  """[(workers, center)] after each step t (from 0), from docs/algorithms.md: post-local
+  SGD's warm-up and local steps (numpy_reference.warm_up_then_local); then of the
+  levels (period, size) whose period divides t - switch, the one of the largest period
+  sets every worker to the mean of its block of `size` consecutive workers, and the
+  center to the mean of all when the block is every worker."""
 
-  t < switch: g = mean_i g_i(x); every worker steps x <- x + inner(g) with one
-  optimizer state. t >= switch: x_i <- x_i + inner_i(g_i(x_i)), each with its own
-  state (a copy of the shared one); then of the levels (period, size) whose period
-  divides t - switch, the one of the largest period sets every worker to the mean
-  of its block of `size` consecutive workers, and the center to the mean of all
-  when the block is every worker."""
-  num_workers = len(batches[0])
-  model, shared = dict(x0), inner.init(x0)
-  workers, states, center = None, None, dict(x0)
-  history = []
-  for t, step_batches in enumerate(batches):
-    if t < switch:
-      grads = [numpy_grad(model, b) for b in step_batches]
-      mean = {k: np.mean([g[k] for g in grads], axis=0) for k in model}
-      update, shared = inner.update(mean, shared, model)
-      model = {k: model[k] + update[k] for k in model}
-      center = dict(model)
-      history.append(([dict(model) for _ in range(num_workers)], dict(center)))
-      continue
-    if workers is None:
-      workers = [dict(model) for _ in range(num_workers)]
-      states = [copy.deepcopy(shared) for _ in range(num_workers)]
-    for i, b in enumerate(step_batches):
-      update, states[i] = inner.update(numpy_grad(workers[i], b), states[i], workers[i])
-      workers[i] = {k: workers[i][k] + update[k] for k in workers[i]}
-    due = [(period, size) for period, size in levels if (t - switch) % period == 0]
-    if due:
-      _, size = max(due)
-      for start in range(0, num_workers, size):
-        block = workers[start : start + size]
-        mean = {k: np.mean([w[k] for w in block], axis=0) for k in x0}
-        workers[start : start + size] = [dict(mean) for _ in block]
-      if size == num_workers:
-        center = dict(workers[0])
-    history.append(([dict(w) for w in workers], dict(center)))
-  return history
+  def average(since_switch, workers):
+    due = [(period, size) for period, size in levels if since_switch % period == 0]
+    if not due:
+      return workers, None
+    _, size = max(due)
+    blocks = [workers[start : start + size] for start in range(0, len(workers), size)]
+    means = [{k: np.mean([w[k] for w in block], axis=0) for k in x0} for block in blocks]
+    workers = [dict(mean) for mean, block in zip(means, blocks, strict=True) for _ in block]
+    return workers, dict(workers[0]) if size == len(workers) else None
+
+  return warm_up_then_local(x0, batches, numpy_grad, inner, switch, average)
 
 
 # Pairs every 2 steps, fours every 4, all 8 every 8 (given out of order: the largest

@@ -1,7 +1,5 @@
 """Post-local SGD, run sharded over the mesh, against its equations in plain NumPy."""
 
-import copy
-
 import jax
 import numpy as np
 import pytest
@@ -13,40 +11,22 @@ import numpy_optim
 from easgd import rules
 from easgd.sim import timing
 from least_squares import numpy_grad
+from numpy_reference import warm_up_then_local
 
 
 def post_local_sgd(x0, batches, inner, switch, period):
   """Lin et al. (2020) as PyTorch's post-local SGD runs it; [(workers, center)] after
-  each step t (from 0).
+  each step t (from 0): the warm-up and local steps of
+  numpy_reference.warm_up_then_local, then, if (t - switch) % period == 0,
+  x_i <- mean_j x_j, the center."""
 
-  t < switch: g = mean_i g_i(x); every worker steps x <- x + inner(g) with the one
-  optimizer state. t >= switch: x_i <- x_i + inner_i(g_i(x_i)), each with its own
-  state (a copy of the shared one at the switch), then, if (t - switch) % period
-  == 0, x_i <- mean_j x_j, the center."""
-  num_workers = len(batches[0])
-  model, shared = dict(x0), inner.init(x0)
-  workers, states, center = None, None, dict(x0)
-  history = []
-  for t, step_batches in enumerate(batches):
-    if t < switch:
-      grads = [numpy_grad(model, b) for b in step_batches]
-      mean = {k: np.mean([g[k] for g in grads], axis=0) for k in model}
-      update, shared = inner.update(mean, shared, model)
-      model = {k: model[k] + update[k] for k in model}
-      center = dict(model)
-      history.append(([dict(model) for _ in range(num_workers)], dict(center)))
-      continue
-    if workers is None:
-      workers = [dict(model) for _ in range(num_workers)]
-      states = [copy.deepcopy(shared) for _ in range(num_workers)]
-    for i, b in enumerate(step_batches):
-      update, states[i] = inner.update(numpy_grad(workers[i], b), states[i], workers[i])
-      workers[i] = {k: workers[i][k] + update[k] for k in workers[i]}
-    if (t - switch) % period == 0:
-      center = {k: np.mean([w[k] for w in workers], axis=0) for k in center}
-      workers = [dict(center) for _ in range(num_workers)]
-    history.append(([dict(w) for w in workers], dict(center)))
-  return history
+  def average(since_switch, workers):
+    if since_switch % period:
+      return workers, None
+    center = {k: np.mean([w[k] for w in workers], axis=0) for k in x0}
+    return [dict(center) for _ in workers], center
+
+  return warm_up_then_local(x0, batches, numpy_grad, inner, switch, average)
 
 
 def assert_follows(switch, period, optimizer, num_devices):
