@@ -150,10 +150,15 @@ def test_the_two_tier_clock_resumes_from_its_json_state():
 
 @pytest.mark.e2e
 def test_two_tiers_stopped_mid_run_resume_as_never_stopped(tmp_path):
-  """The runs' small MLP (4 workers, 2 groups of 2): stopped at step 22 with sends in
-  flight, the clock's JSON and the servers' state resume to the same bits at 40."""
+  """The runs' small MLP (4 workers, 2 groups of 2), async_local_sgd with the global
+  server's momentum: stopped at step 22 with sends in flight, the clock's JSON and the
+  servers' state resume to the same bits at 40. (The two tiers of
+  tests/train/runtimes/test_threads.py and test_ray.py: one compilation of their
+  programs.)"""
   from runs import assert_stopped_and_resumed_ends_as_never_stopped  # noqa: PLC0415
 
   overrides = {"outer.two_tier": True, "cluster.groups": (2, 2), "outer.global_every": 2}
-  overrides |= {"outer.merge_weight": 0.5, "cluster.between_latency": 0.05}
-  assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "async_easgd", overrides, 22)
+  overrides |= {"outer.merge_weight": 0.5, "outer.global_momentum": 0.5}
+  overrides |= {"outer.comm_period": 2, "outer.momentum_period": 2}
+  overrides |= {"cluster.between_latency": 0.05}
+  assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "async_local_sgd", overrides, 22)

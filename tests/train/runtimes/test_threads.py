@@ -2,6 +2,7 @@
 replay by the simulated runtime to the same bits."""
 
 import json
+import shutil
 import threading
 
 import numpy as np
@@ -53,22 +54,19 @@ def _record_and_replay(tmp_path, config):
 @pytest.mark.parametrize(
   ("algorithm", "workers", "straggler"),
   [
-    ("async_easgd", 2, False),  # fcfs; the default config's LeNet-5
-    ("original_easgd", 4, False),  # round robin (a straggler holds up every round)
-    ("hogwild_easgd", 2, True),  # no lock: the elastic step
+    ("async_easgd", 2, False),  # first come first served
+    ("original_easgd", 2, False),  # round robin (a straggler holds up every round)
     ("hogwild_sgd", 2, True),  # no lock: a pushed gradient
-    ("async_measgd", 2, True),  # EAMSGD: the step starts from the look-ahead point
     ("async_local_sgd", 2, True),  # Delayed Nesterov, and DyLU's H of each worker's own
   ],
 )
 def test_a_recorded_run_replays_to_the_same_bits(tmp_path, algorithm, workers, straggler):
+  """A run under runtime=threads and the replay of its trace: every checkpoint the same
+  bits, every logged value the same. The other rules' programs are runtime=threads'
+  too in runtime=ray's worker processes, whose recorded runs replay to their bits
+  (tests/train/runtimes/test_ray.py): Hogwild's elastic step, EAMSGD's look-ahead,
+  the master's momentum and a schedule, LeNet-5's convolutions."""
   overrides = {"cluster.stragglers": (1,), "cluster.straggler_slowdown": 3.0} if straggler else {}
-  if algorithm == "async_easgd":
-    overrides |= {"model": "lenet5", "outer.moving_rate": 0.0}  # the default's
-  if algorithm == "async_measgd":
-    overrides |= {"optimizer.momentum": 0.9, "optimizer.nesterov": True}
-    # Each worker's rate follows its own steps: the logged means follow the steps taken.
-    overrides |= {"optimizer.schedule": "warmup_cosine", "optimizer.warmup_steps": 5}
   if algorithm == "async_local_sgd":
     # The straggler, 3 times slower, pushes after every step, worker 0 after 4.
     overrides |= {
@@ -93,31 +91,29 @@ def test_a_recorded_run_replays_to_the_same_bits(tmp_path, algorithm, workers, s
   if algorithm == "async_local_sgd":
     pushes = np.bincount([e.worker for e in recorded.events if e.op != "local"], minlength=2)
     np.testing.assert_array_equal(pushes, [local_steps[0] // 4, local_steps[1]])
+  if algorithm == "hogwild_sgd":
+    _assert_every_master_operation_in_order(real, recorded, local_steps)
 
 
-@pytest.mark.e2e
-def test_the_trace_holds_every_master_operation_in_order(tmp_path):
-  config = _config("hogwild_easgd", 2)
-  config.runtime = "threads"
-  trainer.train_and_evaluate(config, str(tmp_path))
-  recorded = trace.read(str(tmp_path / trace.FILE))
+def _assert_every_master_operation_in_order(workdir, recorded, local_steps):
+  """The trace of a no-lock run (a push after every local step) in `workdir`: each
+  request a READ, then its WRITE, in the order the master saw them; TensorBoard has
+  the simulated runtime's tags, measured."""
   assert recorded.ticks == 24
-  assert recorded.header["config"]["outer.moving_rate"] == 0.2
+  assert recorded.header["config"]["model"] == "mlp"  # the run's, not the default's
   writes = [e.wrote for e in recorded.events if e.wrote is not None]
   assert writes == list(range(1, len(writes) + 1))  # each write makes the next version
   reads = [e for e in recorded.events if e.op == "read"]
   writes_of = [e for e in recorded.events if e.op == "write"]
-  # Every request: a READ, then its WRITE; every 4th local step exchanges (period 4).
-  for worker in (0, 1):
-    steps = sum(e.local for e in recorded.events if e.worker == worker)
-    assert sum(e.worker == worker for e in reads) == steps // 4
+  # Every request: a READ, then its WRITE; every local step pushes (period 1).
+  np.testing.assert_array_equal(np.bincount([e.worker for e in reads], minlength=2), local_steps)
   assert len(reads) == len(writes_of) > 0
   for event in reads:
     assert event.staleness >= 0 and event.wait >= 0 and event.read is not None
   times = [e.time for e in recorded.events]
   assert times == sorted(times)
   # The measured scalars have the simulated runtime's tags.
-  accumulator = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"histograms": 0})
+  accumulator = event_accumulator.EventAccumulator(str(workdir), size_guidance={"histograms": 0})
   accumulator.Reload()
   tags = accumulator.Tags()["scalars"]
   assert "async/staleness" in accumulator.Tags()["histograms"]
@@ -252,13 +248,16 @@ def test_train_py_refuses_a_missing_trace_writing_nothing(tmp_path, starter):
 
 
 @pytest.mark.e2e
-def test_a_preemption_with_the_workers_at_the_next_log_logs_it_and_resumes_as_the_replay(
+def test_two_tier_servers_preempted_at_the_next_log_and_mid_run_replay_to_the_same_bits(
   tmp_path, monkeypatch
 ):
-  """The notice comes at the loop's step 13 with every worker parked at the limit,
-  the tick before the next log (24): the run stops at that cut, logs, evaluates
-  and saves step 24 as a run never stopped does, and once resumed has logged and
-  saved what the replay of its trace does."""
+  """async_local_sgd on HALoS's two tiers (two groups of two, a send every 2nd request,
+  half merged, the global server's momentum). A preemption notice at the loop's step 13
+  comes with every worker parked at the limit, the tick before the next log (24): the
+  run stops at that cut, logs, evaluates and saves step 24 as a run never stopped does.
+  Resumed, a notice at step 25 stops it at the first cut the workers reach, sends
+  maybe in flight. Resumed again, the run has logged and saved what the replay of its
+  trace does, every group server's send, apply and merge in it."""
   from easgd.train import loop  # noqa: PLC0415
   from easgd.train.runtimes.threads import runtime as threads  # noqa: PLC0415
 
@@ -270,63 +269,41 @@ def test_a_preemption_with_the_workers_at_the_next_log_logs_it_and_resumes_as_th
     pools.append(self.pool)
 
   real_watch = loop.preemption.PreemptionWatch
+  parked = {13: True, 25: False}  # the loop's steps of the notices: with the workers parked?
 
-  class NoticeWithTheWorkersAhead(real_watch):
+  class Notice(real_watch):
     def should_stop(self, step):
-      if step != 13:
+      if step not in parked:
         return False
-      pool = pools[-1]
-      with pool.cond:
-        pool.wait(pool.parked)  # no clock: the workers reach the limit, then the notice
+      if parked[step]:
+        pool = pools[-1]
+        with pool.cond:
+          pool.wait(pool.parked)  # no clock: the workers reach the limit, then the notice
       self.noticed = True
       return True
 
   monkeypatch.setattr(threads.ThreadsTrainee, "__init__", keep_the_pool)
-  monkeypatch.setattr(loop.preemption, "PreemptionWatch", NoticeWithTheWorkersAhead)
-  config = _config("async_easgd", 2, **{"run.total_steps": 36}, runtime="threads")
-  real = tmp_path / "real"
-  result = trainer.train_and_evaluate(config, str(real))
-  assert result.preempted and steps_saved(real) == [12, 24]
-  monkeypatch.setattr(loop.preemption, "PreemptionWatch", real_watch)
-  assert not trainer.train_and_evaluate(config, str(real)).preempted
-  config.runtime = "simulated"
-  config.cluster.replay = str(real / trace.FILE)
-  replay = tmp_path / "replay"
-  trainer.train_and_evaluate(config, str(replay))
-  for step in (24, 36):
-    assert_same_bits(real, replay, step)
-  assert_same_scalars(real, replay)
-
-
-@pytest.mark.e2e
-def test_two_tier_servers_stopped_and_resumed_replay_to_the_same_bits(tmp_path, monkeypatch):
-  """async_local_sgd on HALoS's two tiers (two groups of two, a send every 2nd request,
-  half merged, the global server's momentum): a preemption notice at the loop's step 13
-  stops the run at a cut, sends maybe in flight; resumed, the run ends as the replay of
-  its trace does, every group server's send, apply and merge in it."""
-  from easgd.train import loop  # noqa: PLC0415
-
-  real_watch = loop.preemption.PreemptionWatch
-
-  class NoticeAtStep13(real_watch):
-    def should_stop(self, step):
-      self.noticed = step == 13
-      return self.noticed
-
-  monkeypatch.setattr(loop.preemption, "PreemptionWatch", NoticeAtStep13)
+  monkeypatch.setattr(loop.preemption, "PreemptionWatch", Notice)
   tiers = {"outer.two_tier": True, "cluster.groups": (2, 2), "outer.global_every": 2}
   tiers |= {"outer.merge_weight": 0.5, "outer.global_momentum": 0.5}
-  tiers |= {"outer.momentum_period": 2, "cluster.stragglers": (3,)}
-  config = _config("async_local_sgd", 4, **tiers, **{"run.total_steps": 36}, runtime="threads")
+  tiers |= {"outer.comm_period": 2, "outer.momentum_period": 2, "cluster.stragglers": (3,)}
+  config = _config("async_local_sgd", 4, **tiers, **{"run.total_steps": 48}, runtime="threads")
   real = tmp_path / "real"
   assert trainer.train_and_evaluate(config, str(real)).preempted
+  assert steps_saved(real) == [12, 24]
+  stopped = tmp_path / "stopped"  # its step 24, which later checkpoints push out (3 kept)
+  shutil.copytree(real / "checkpoints" / "24", stopped / "checkpoints" / "24")
+  assert trainer.train_and_evaluate(config, str(real)).preempted
+  assert 24 < steps_saved(real)[-1] <= 36  # never past the next checkpoint
   monkeypatch.setattr(loop.preemption, "PreemptionWatch", real_watch)
   assert not trainer.train_and_evaluate(config, str(real)).preempted
   config.runtime = "simulated"
   config.cluster.replay = str(real / trace.FILE)
   replay = tmp_path / "replay"
   trainer.train_and_evaluate(config, str(replay))
-  for step in (24, 36):
+  assert steps_saved(replay) == [24, 36, 48]
+  assert_same_bits(stopped, replay, 24)
+  for step in (36, 48):
     assert_same_bits(real, replay, step)
   assert_same_scalars(real, replay)
   recorded = trace.read(str(real / trace.FILE))
