@@ -1,6 +1,7 @@
 """The cost of config.deterministic_sums: sums over workers in worker order.
 
     python bench/deterministic_sums.py [--workers 8] [--batch_size 32] [--steps 100] [--rounds 3]
+        [--variants "sync_easgd tau=1,sync_easgd tau=4,sync_sgd"]
 
 Times sync_easgd and sync_sgd on LeNet-5 over 8 virtual CPU devices with the
 all-reduce (lax.psum, the default) and with the ordered sum (an all-gather,
@@ -8,6 +9,7 @@ then x_0 + x_1 + ... + x_{P-1} on every device), at tau = 1 (an exchange
 every step) and tau = 4. The variants are timed in the same run, in
 interleaved rounds (the machine is shared and noisy); each line gives the
 median round's images/s and the ordered sum's ratio to the all-reduce's.
+--variants times some of them.
 """
 
 import statistics
@@ -20,7 +22,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from throughput import timed  # noqa: E402 (bench/throughput.py, beside this script)
 
 from easgd import assembly, rules, steps  # noqa: E402
-from easgd.arguments import ArgumentParser, integer  # noqa: E402
+from easgd.arguments import ArgumentParser, integer, some_of  # noqa: E402
 from easgd.configs import default  # noqa: E402
 from easgd.data import batches, datasets  # noqa: E402
 from easgd.infra import sharding  # noqa: E402
@@ -31,13 +33,20 @@ from easgd.sim import ticks  # noqa: E402
 VARIANTS = [("sync_easgd", 1), ("sync_easgd", 4), ("sync_sgd", 0)]
 
 
+def label(name: str, tau: int) -> str:
+  return f"{name} tau={tau}" if tau else name
+
+
 def main():
   parser = ArgumentParser(prog="bench/deterministic_sums.py", description=__doc__.splitlines()[0])
   parser.add_argument("--workers", type=integer(1), default=8)
   parser.add_argument("--batch_size", type=integer(1), default=32)
   parser.add_argument("--steps", type=integer(1), default=100)
   parser.add_argument("--rounds", type=integer(1), default=3)
+  labels = tuple(label(name, tau) for name, tau in VARIANTS)
+  parser.add_argument("--variants", type=some_of(labels), default=labels)
   args = parser.parse_args()
+  variants = [(name, tau) for name, tau in VARIANTS if label(name, tau) in args.variants]
   if args.workers % 8:  # the 8 virtual devices, each with as many workers
     parser.error(f"--workers={args.workers} is invalid: must be a multiple of 8 (the devices)")
 
@@ -46,7 +55,8 @@ def main():
   config = default.get_config()
   config.model, config.dtype = "lenet5", "float32"
   built = assembly.for_dataset(config, dataset)
-  params, loss_fn = built.init_params(jax.random.PRNGKey(0)), built.loss_fn
+  # One program, as train.py compiles it (and shares through the compilation cache).
+  params, loss_fn = jax.jit(built.init_params)(jax.random.PRNGKey(0)), built.loss_fn
   mesh = sharding.make_mesh(8)
   partitions = batches.partition(dataset.train_images, dataset.train_labels, args.workers, 0)
   images, labels = (sharding.place(mesh, array, P(AXIS)) for array in partitions)
@@ -54,7 +64,7 @@ def main():
   images_per_step = args.workers * args.batch_size
 
   programs = {}
-  for name, tau in VARIANTS:
+  for name, tau in variants:
     for ordered in (False, True):
       hyper = rules.Hyper(
         args.workers,
@@ -83,12 +93,11 @@ def main():
 
   print(f"LeNet-5, {args.workers} workers x {args.batch_size} images on 8 CPU devices")
   print(f"(median of {args.rounds} rounds of {args.steps} steps)")
-  for name, tau in VARIANTS:
+  for name, tau in variants:
     psum = statistics.median(rates[name, tau, False])
     ordered = statistics.median(rates[name, tau, True])
-    label = f"{name} tau={tau}" if tau else name
     print(
-      f"{label:16s} all-reduce {psum:8.0f} img/s   worker order {ordered:8.0f} img/s"
+      f"{label(name, tau):16s} all-reduce {psum:8.0f} img/s   worker order {ordered:8.0f} img/s"
       f"   ratio {ordered / psum:.3f}"
     )
 

@@ -2,14 +2,16 @@
 deterministic ops.
 
     python bench/gpu_determinism.py [--steps 40] [--workers 4] [--model lenet5]
+        [--deterministic both]
 
 Runs `python train.py` with the default config (LeNet-5 on mnist5k, sync_easgd;
 --model mlp, a smaller one) twice with the deterministic ops train.py sets on a
 GPU (easgd/infra/platform.py), and twice with them turned off
 (XLA_FLAGS=--xla_gpu_deterministic_ops=false, which train.py keeps), then
-compares the final checkpoints leaf by leaf. On a CPU both pairs are equal
-(XLA:CPU is deterministic; the flag is XLA:GPU's). On a GPU, the pair without
-the flag shows what a user would lose: bench/README.md, "On one GPU".
+compares the final checkpoints leaf by leaf (--deterministic true or false: that
+pair alone). On a CPU both pairs are equal (XLA:CPU is deterministic; the flag
+is XLA:GPU's). On a GPU, the pair without the flag shows what a user would
+lose: bench/README.md, "On one GPU".
 """
 
 import os
@@ -46,10 +48,14 @@ def main():
   parser.add_argument("--steps", type=integer(1), default=40)
   parser.add_argument("--workers", type=integer(1), default=4)
   parser.add_argument("--model", choices=("lenet5", "mlp"), default="lenet5")
+  parser.add_argument(
+    "--deterministic", choices=("both", "true", "false"), default="both", help="the pairs run"
+  )
   args = parser.parse_args()
+  pairs = {"both": (True, False), "true": (True,), "false": (False,)}[args.deterministic]
   print(f"{'deterministic ops':<18} {'leaves differing':>17} {'largest difference':>19}")
   with tempfile.TemporaryDirectory() as root:
-    for deterministic in (True, False):
+    for deterministic in pairs:
       runs = [os.path.join(root, f"{deterministic}_{n}") for n in range(2)]
       for workdir in runs:
         train(workdir, args.steps, args.workers, args.model, deterministic)

@@ -1,9 +1,10 @@
 """The pipeline beside two ways of training the same M models, from one run.
 
     python bench/pipeline.py [--models 8] [--devices 8] [--batch_size 32] [--stage_steps 25]
+        [--model lenet5]
 
-M LeNet-5 models on mnist5k (4,000 training images), D virtual CPU devices,
-each model trained with SGD at batch b:
+M LeNet-5 models (--model mlp: the MLP) on mnist5k (4,000 training images), D
+virtual CPU devices, each model trained with SGD at batch b:
 
   pipeline        each device trains its M/D models on its own partition
                   (N/D examples) for stage_steps steps, then the models move
@@ -43,6 +44,8 @@ from easgd.infra.compile import compile_program  # noqa: E402
 from easgd.pipeline import programs  # noqa: E402
 from easgd.rules import AXIS  # noqa: E402
 from easgd.rules.sync import SyncSGD  # noqa: E402
+
+NAMES = {"lenet5": "LeNet-5", "mlp": "MLP"}
 
 
 def sent_bytes(compiled, num_devices: int) -> int:
@@ -86,15 +89,16 @@ def main():
   parser.add_argument("--batch_size", type=integer(1), default=32)
   parser.add_argument("--stage_steps", type=integer(1), default=25)
   parser.add_argument("--rounds", type=integer(1), default=3)
+  parser.add_argument("--model", choices=tuple(NAMES), default="lenet5")
   args = parser.parse_args()
   num_models, num_devices, batch = args.models, args.devices, args.batch_size
   if num_models % num_devices or batch % num_devices:
     sys.exit("error: --models and --batch_size must be multiples of --devices")
 
   dataset = datasets.load_dataset("mnist5k")
-  # LeNet-5 in float32, as train.py builds it.
+  # The network in float32, as train.py builds it.
   config = default.get_config()
-  config.model, config.dtype = "lenet5", "float32"
+  config.model, config.dtype = args.model, "float32"
   built = assembly.for_dataset(config, dataset)
   loss_fn, init_params = built.loss_fn, built.init_params
 
@@ -148,7 +152,8 @@ def main():
 
   # (a): one model at a time, sync_sgd over all devices with the same batch.
   rule = SyncSGD(rules.Hyper(num_devices, 0.05))
-  state = steps.init_state(rule, init_params(jax.random.PRNGKey(0)), jax.random.PRNGKey(1), mesh)
+  params = jax.jit(init_params)(jax.random.PRNGKey(0))  # one program, as train.py's
+  state = steps.init_state(rule, params, jax.random.PRNGKey(1), mesh)
   images, labels = (sharding.place(mesh, array, P(AXIS)) for array in partitions)
   step = steps.build_train_step(rule, loss_fn, mesh, state, batch // num_devices)
   compiled = compile_program(step.lower(state, images, labels, {}), "cpu")
@@ -178,8 +183,9 @@ def main():
       rates[label].append(rate(run, 1))
   baseline = statistics.median(rates["(a) one by one, sync_sgd"])
   print(
-    f"{num_models} LeNet-5 models, mnist5k ({examples} images), {num_devices} cpu devices, "
-    f"batch {batch} a model, {args.stage_steps} steps a stage, medians of {args.rounds} rounds"
+    f"{num_models} {NAMES[args.model]} models, mnist5k ({examples} images), "
+    f"{num_devices} cpu devices, batch {batch} a model, {args.stage_steps} steps a stage, "
+    f"medians of {args.rounds} rounds"
   )
   print(
     f"{'variant':26s} {'model-images/s':>14s} {'vs (a)':>7s} {'MB sent/epoch':>14s} "

@@ -56,7 +56,7 @@ def measure(model_name: str, batch_size: int, num_steps: int) -> dict:
   compiled = compiler.compile(batch_size)
   device = jax.devices()[0]
   shape = compiler.shape
-  params = compiler.init_params(jax.random.PRNGKey(0))  # the planned network's
+  params = jax.jit(compiler.init_params)(jax.random.PRNGKey(0))  # the planned network's
   state = steps.init_state(compiler.rule, params, jax.random.PRNGKey(1), mesh)
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (shape.train_examples, *shape.image_shape), dtype=np.uint8)

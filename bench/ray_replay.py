@@ -5,15 +5,17 @@ checkpoint of the two compared leaf by leaf.
   python bench/ray_replay.py                       # the default config: 8 workers, 600 steps
   python bench/ray_replay.py --workers 4 --steps 20 --every 5 --kill_at 0 --algorithm async_easgd
   python bench/ray_replay.py --worker_gpus 0.125 --steps 300   # 8 processes share a GPU
+  python bench/ray_replay.py --model mlp --workers 2 --steps 8   # a smaller network
 
 The run is `train.py --config configs/default.py` with --algorithm (momentum
-0.9 for the momentum rules) and --config.runtime=ray; as its log reaches step
---kill_at, the process of worker --kill_worker (whose pid the log names) is
-killed with SIGKILL, and under the default cluster.on_worker_loss=rejoin it
-rejoins. The replay is the same command with --config.cluster.replay= of the
-run's trace instead of runtime=ray. Prints each one's wall time and final
-center accuracy, and for every checkpoint step both hold, how many of the
-state's leaves hold the same bytes and the largest difference of a value.
+0.9 for the momentum rules), --model (LeNet-5 by default) and
+--config.runtime=ray; as its log reaches step --kill_at, the process of worker
+--kill_worker (whose pid the log names) is killed with SIGKILL, and under the
+default cluster.on_worker_loss=rejoin it rejoins. The replay is the same
+command with --config.cluster.replay= of the run's trace instead of
+runtime=ray. Prints each one's wall time and final center accuracy, and for
+every checkpoint step both hold, how many of the state's leaves hold the same
+bytes and the largest difference of a value.
 
 On one machine and XLA build a run on CPU workers and its replay hold the same
 bytes (docs/runtimes.md, "The same trace, the same bits"); on GPU workers they
@@ -45,6 +47,7 @@ def _flags(args) -> list[str]:
   flags = [
     "--config=configs/default.py",
     f"--config.algorithm={args.algorithm}",
+    f"--config.model={args.model}",
     f"--config.workers={args.workers}",
     f"--config.run.total_steps={args.steps}",
   ]
@@ -100,6 +103,7 @@ def _center_accuracy(log: str) -> str:
 def main():
   parser = ArgumentParser(prog="bench/ray_replay.py", description=__doc__.splitlines()[0])
   parser.add_argument("--algorithm", choices=ray_rules(), default="async_measgd")
+  parser.add_argument("--model", choices=("lenet5", "mlp"), default="lenet5")
   parser.add_argument("--workers", type=integer(1), default=8)
   parser.add_argument("--steps", type=integer(1), default=600)
   parser.add_argument("--every", type=integer(0), default=0, help="checkpoints, evaluations, logs")

@@ -6,7 +6,9 @@ steps a second (the measured train/images_per_sec over the batch size) and
 the ratio ray/threads, measured in the same run. Then, for 1 and 2 servers,
 the time of one exchange against the bytes it moves: the trace's service
 time, which under ray is the whole operation (the row from the worker's
-process to every server, their master programs, their answers ready).
+process to every server, their master programs, their answers ready). With 1
+among --taus, the 1-server exchange is read from the last tau = 1 ray run above
+(the same config) instead of a run of its own.
 
   python bench/ray_vs_threads.py                      # LeNet-5 and ResNet-20, tau 1 and 4
   python bench/ray_vs_threads.py --models lenet5 --steps 100
@@ -97,13 +99,17 @@ def main() -> None:
   when = time.strftime("%Y-%m-%d %H:%M")
   print(f"# {when}, load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores, {BACKEND} workers")
   rows = []
+  exchanges = {}  # (model, servers) -> (the trace's events, bytes a request sends), tau 1
   for model in args.models.split(","):
     for tau in (int(t) for t in args.taus.split(",")):
       rates = {"threads": [], "ray": []}
       for _ in range(args.repeats):
         for runtime in ("threads", "ray"):
           config = _config(model, tau, runtime, args.steps, args.workers)
-          rates[runtime].append(_run(config)[0])
+          rate, events, sent = _run(config)
+          rates[runtime].append(rate)
+          if runtime == "ray" and tau == 1:  # the config of the 1-server exchange below
+            exchanges[model, 1] = events, sent
       threads, ray_rate = np.median(rates["threads"]), np.median(rates["ray"])
       rows.append((model, tau, threads, ray_rate, ray_rate / threads))
       print(
@@ -114,8 +120,10 @@ def main() -> None:
   print("\n# one exchange (async_easgd, tau=1), by servers")
   for model in args.models.split(","):
     for servers in (1, 2):
-      config = _config(model, 1, "ray", args.steps, args.workers, servers)
-      _, events, sent = _run(config)
+      if (model, servers) not in exchanges:
+        config = _config(model, 1, "ray", args.steps, args.workers, servers)
+        exchanges[model, servers] = _run(config)[1:]
+      events, sent = exchanges[model, servers]
       service = [e.service for e in events if e.op == "exchange"]
       print(
         f"{model:9s} servers={servers}: {sent / 1e6:.2f} MB a request, one exchange "

@@ -106,7 +106,8 @@ def main():
   config = default.get_config()
   config.model, config.dtype = "lenet5", "float32"
   built = assembly.for_dataset(config, dataset)
-  params, loss_fn = built.init_params(jax.random.PRNGKey(0)), built.loss_fn
+  # One program, as train.py compiles it (and shares through the compilation cache).
+  params, loss_fn = jax.jit(built.init_params)(jax.random.PRNGKey(0)), built.loss_fn
   images_per_step = args.workers * args.batch_size
   platform = jax.devices()[0].platform
 

@@ -2,8 +2,8 @@
 equal simulated time and at equal bytes sent, and the peak bytes a step sends.
 
     python studies/outer.py --workdir runs/outer [--total_steps 400] [--seeds 3]
-        [--runs sync_sgd,diloco,streaming_diloco-F2,...] [--feedback diloco,...]
-        [--add_to_table] [--set FIELD=VALUE ...]
+        [--runs sync_sgd,diloco,streaming_diloco-F2,...] [--compressed bfloat16,int8,int4]
+        [--feedback diloco,...] [--add_to_table] [--set FIELD=VALUE ...]
         [--parallel N [--point_cpus C] [--point_gpus G] [--ray_address HOST:PORT]]
 
 --parallel N trains N runs at a time, each a Ray Tune trial in a process of its own
@@ -14,10 +14,10 @@ batch 32, the default timing model, one run per name and seed in
 <workdir>/<run>/<dtype>/seed_<n> (finished runs are reused, so the study
 resumes). Then the two runs with the best accuracy at equal simulated time
 among those float32 runs run again with each compressed exchange they can send
-(bfloat16, int8; int4 for the center family and the streaming rules), and the
-runs of --feedback (diloco and streaming_diloco-F2 by default, those of them
---runs chose) with the low-bit exchanges, int4 and int2, each without and with
-error feedback (LOW_BIT). Writes
+(bfloat16, int8; int4 for the center family and the streaming rules;
+--compressed chooses some of them), and the runs of --feedback (diloco and
+streaming_diloco-F2 by default, those of them --runs chose) with the low-bit
+exchanges, int4 and int2, each without and with error feedback (LOW_BIT). Writes
 docs/outer_table.md (means over the seeds) and docs/outer.png (center test
 accuracy against simulated seconds and against megabytes sent per worker).
 
@@ -108,9 +108,10 @@ def config_for(run: str, exchange: str, total_steps: int, seed: int, overrides: 
   return config
 
 
-def dtypes_of(run: str) -> tuple[str, ...]:
-  """The compressed exchanges `run` can send (int4: the streaming rules)."""
-  return tuple(dtype for dtype in DTYPES if dtype in rules.RULES[RUNS[run][0]].exchange_dtypes)
+def dtypes_of(run: str, dtypes: tuple[str, ...] = DTYPES) -> tuple[str, ...]:
+  """The compressed exchanges of `dtypes` that `run` can send (int4: the center family and
+  the streaming rules)."""
+  return tuple(dtype for dtype in dtypes if dtype in rules.RULES[RUNS[run][0]].exchange_dtypes)
 
 
 def workdir_of(args, run: str, dtype: str, seed: int) -> str:
@@ -236,6 +237,12 @@ def main():
     help="put these runs' rows into the table in --docs, read at its budgets",
   )
   parser.add_argument(
+    "--compressed",
+    type=arguments.some_of(DTYPES),
+    default=DTYPES,
+    help="the compressed exchanges the best two float32 runs run again with",
+  )
+  parser.add_argument(
     "--feedback",
     default="diloco,streaming_diloco-F2",
     help="comma-separated runs (of --runs) trained with int4 and int2, each without and "
@@ -264,7 +271,7 @@ def main():
     # Before anything trains: a bad setting or another study's workdir is one line
     # now, not a traceback hours in.
     for run in chosen:
-      for dtype in ("float32", *dtypes_of(run)):
+      for dtype in ("float32", *dtypes_of(run, args.compressed)):
         check(args, run, dtype, overrides)
     for run, exchange in low_bit:
       check(args, run, exchange, overrides)
@@ -278,7 +285,7 @@ def main():
     time_budget = min(harness.final(s, "sim/time") for s in results.values())
     float32 = {n: results[n, "float32"] for n in chosen}
     best = sorted(chosen, key=lambda n: -harness.at_budget(float32[n], "sim/time", time_budget))
-    compressed = [(run, dtype) for run in best[:2] for dtype in dtypes_of(run)]
+    compressed = [(run, dtype) for run in best[:2] for dtype in dtypes_of(run, args.compressed)]
     if not args.add_to_table:  # the table's best two stay
       results |= train(compressed, args, overrides, parallel, "compressed")
     low_bit = [pair for pair in low_bit if pair not in results]

@@ -3,7 +3,7 @@ jax.distributed, Downpour's speed-up, and the timing model's error.
 
     python studies/processes.py --workdir runs/processes [--seeds 0,1,2] [--total_steps 400]
         [--rules async_easgd,async_measgd,hogwild_easgd] [--n_syncs 1,4,16]
-        [--downpour_workers 1,2,4]
+        [--downpour_workers 1,2,4] [--set FIELD=VALUE ...]
 
 Every run is LeNet-5 on mnist5k, each worker a process of its own with one CPU
 device, evaluated every 25 steps; wall-clock time is seconds of training (the
@@ -38,7 +38,8 @@ C. Each run again under the timing model (runtime=simulated), given what the
 --rules, --n_syncs and --downpour_workers choose some of part A's rules and
 part B's settings (sync_easgd is always part A's baseline, one worker part B's,
 and an n_sync above 1 gives n_sync = 1 its t_c). sync_easgd's straggler is then
-timed from the chosen rules' t_c.
+timed from the chosen rules' t_c. `--set` overrides config fields by their grouped
+names for every run (e.g. model='mlp', a smaller network than LeNet-5).
 
 Writes docs/processes_table.md and docs/processes.png (accuracy against
 seconds, measured and predicted, for the first seed of part A).
@@ -58,6 +59,7 @@ import numpy as np  # noqa: E402
 
 from easgd import arguments, ray_connection  # noqa: E402
 from easgd.configs import default  # noqa: E402
+from easgd.errors import ConfigError  # noqa: E402
 from easgd.infra import scalars  # noqa: E402
 from easgd.studies import harness  # noqa: E402
 from easgd.train import trainer  # noqa: E402
@@ -137,7 +139,7 @@ def measure_sync(values: dict, workdir: str, compute_time: float) -> dict:
     raise SystemExit(f"the sync_easgd launch failed ({done.returncode}):\n{tail}")
   logged = scalars.by_step(workdir)
   rate = logged["train/images_per_sec"]
-  batch = default.get_config().data.batch_size
+  batch = config_of(values).data.batch_size
   extra = (max(SLOWDOWNS) - 1.0) * compute_time if values["cluster.stragglers"] else 0.0
   seconds, total, last = {}, 0.0, 0
   for step in sorted(rate):
@@ -269,7 +271,7 @@ def plot(part_a, path: str) -> None:
 
 
 def main():
-  parser = harness.parser(__doc__)
+  parser = harness.parser(__doc__, overrides=True)
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--total_steps", type=arguments.integer(EVERY), default=400)
   parser.add_argument("--rules", type=arguments.some_of(ASYNC_RULES), default=ASYNC_RULES)
@@ -284,6 +286,10 @@ def main():
     parser.error("--downpour_workers needs 1: part B's speed-ups are over one worker")
   if max(args.n_syncs) == 1:
     parser.error("--n_syncs needs one above 1: its local steps give n_sync = 1 its t_c")
+  try:
+    changed = harness.parse_overrides(args.set)
+  except ConfigError as error:
+    arguments.fail(str(error))
   # The run's process: a CPU device a worker (the simulated predictions' layout too).
   jax.config.update("jax_num_cpu_devices", max(DOWNPOUR_WORKERS))
   seeds = [int(seed) for seed in args.seeds.split(",")]
@@ -299,11 +305,15 @@ def main():
   def run_dir(*parts) -> str:
     return os.path.join(args.workdir, *map(str, parts))
 
+  def values_of(rule: str, workers: int, seed: int, stragglers: bool) -> dict:
+    # --set last, so that an override wins over the study's own settings.
+    return {**overrides(rule, workers, seed, args.total_steps, stragglers), **changed}
+
   part_a: dict[str, list[dict]] = {rule: [] for rule in (*args.rules, "sync_easgd")}
   for seed in seeds:
     for rule in args.rules:
       print(f"A: {rule}, seed {seed} ...", flush=True)
-      values = overrides(rule, 4, seed, args.total_steps, stragglers=True)
+      values = values_of(rule, 4, seed, stragglers=True)
       measured = measure_ray(values, run_dir(rule, seed, "measured"))
       predicted = predict(
         values, measured["compute"], measured["service"], run_dir(rule, seed, "predicted")
@@ -319,7 +329,7 @@ def main():
     # The ray runs' local step on this machine, for the lock-step run's straggler.
     compute_time = float(np.median([part_a[rule][-1]["compute_time"] for rule in args.rules]))
     print(f"A: sync_easgd, seed {seed} ...", flush=True)
-    values = overrides("sync_easgd", 4, seed, args.total_steps, stragglers=True)
+    values = values_of("sync_easgd", 4, seed, stragglers=True)
     measured = measure_sync(values, run_dir("sync_easgd", seed, "measured"), compute_time)
     predicted = predict(values, [compute_time], 0.0, run_dir("sync_easgd", seed, "predicted"))
     part_a["sync_easgd"].append(
@@ -330,7 +340,7 @@ def main():
   for n_sync in args.n_syncs:
     for workers in args.downpour_workers:
       print(f"B: downpour, n_sync {n_sync}, {workers} workers ...", flush=True)
-      values = overrides("downpour", workers, seeds[0], args.total_steps, stragglers=False)
+      values = values_of("downpour", workers, seeds[0], stragglers=False)
       values["downpour.n_sync"] = n_sync
       measured = measure_ray(values, run_dir("downpour", n_sync, workers, "measured"))
       part_b[n_sync, workers] = {"measured": measured}
@@ -339,7 +349,7 @@ def main():
     # With n_sync = 1 every step carries a request: its t_c is the largest n_sync's, of as
     # many workers.
     compute = measured["compute"] or part_b[max(args.n_syncs), workers]["measured"]["compute"]
-    values = overrides("downpour", workers, seeds[0], args.total_steps, stragglers=False)
+    values = values_of("downpour", workers, seeds[0], stragglers=False)
     values["downpour.n_sync"] = n_sync
     run["predicted"] = predict(
       values, compute, measured["service"], run_dir("downpour", n_sync, workers, "predicted")

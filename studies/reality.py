@@ -1,7 +1,7 @@
 """The timing model against reality: measured runs beside the model's predictions.
 
     python studies/reality.py --workdir runs/reality [--total_steps 1000]
-        [--rules async_easgd,hogwild_easgd,sync_easgd]
+        [--rules async_easgd,hogwild_easgd,sync_easgd] [--set FIELD=VALUE ...]
 
 On this machine's 2 devices (one per core), 2 workers of LeNet-5 on mnist5k,
 with and without worker 1 slowed 2x:
@@ -16,7 +16,9 @@ local steps and their lognormal spread, the master's mean service seconds,
 and a network of no latency and no bandwidth limit (the devices share host
 memory). The study writes docs/reality_table.md (time to 95% center test
 accuracy, staleness, worker steps, with the prediction error) and
-docs/reality.png (accuracy against seconds, measured and predicted).
+docs/reality.png (accuracy against seconds, measured and predicted). `--set`
+overrides config fields by their grouped names for every run (e.g. model='mlp',
+a smaller network than LeNet-5).
 """
 
 import itertools
@@ -35,6 +37,7 @@ import numpy as np  # noqa: E402
 
 from easgd import arguments, assembly  # noqa: E402
 from easgd.configs import default  # noqa: E402
+from easgd.errors import ConfigError  # noqa: E402
 from easgd.infra import scalars  # noqa: E402
 from easgd.sim import timing  # noqa: E402
 from easgd.studies import harness  # noqa: E402
@@ -48,7 +51,7 @@ STRAGGLER, SLOWDOWN = 1, 2.0
 EVERY = 25
 
 
-def config_for(rule: str, total_steps: int, straggler: bool):
+def config_for(rule: str, total_steps: int, straggler: bool, overrides: dict):
   config = default.get_config()
   config.algorithm = rule
   config.workers = 2
@@ -61,6 +64,8 @@ def config_for(rule: str, total_steps: int, straggler: bool):
   cluster.bandwidth = float("inf")
   cluster.stragglers = (STRAGGLER,) if straggler else ()
   cluster.straggler_slowdown = SLOWDOWN
+  # Last, so that an override wins over the study's own settings.
+  config.update_from_flattened_dict(overrides)
   return config
 
 
@@ -238,10 +243,14 @@ def plot(results, path, rules):
 
 
 def main():
-  parser = harness.parser(__doc__)
+  parser = harness.parser(__doc__, overrides=True)
   parser.add_argument("--total_steps", type=arguments.integer(EVERY), default=1000)
   parser.add_argument("--rules", type=arguments.some_of(RULES), default=RULES)
   args = parser.parse_args()
+  try:
+    overrides = harness.parse_overrides(args.set)
+  except ConfigError as error:
+    arguments.fail(str(error))
   harness.check_outputs(args.docs, "reality", "reality_table.md", "reality.png")
   harness.quiet()
 
@@ -254,8 +263,8 @@ def main():
     for workdir in (real, model):
       if os.path.exists(workdir):
         arguments.fail(f"--workdir: {workdir} exists; give a new --workdir")
-    measured = measure(rule, config_for(rule, args.total_steps, straggler), real)
-    predicted = predict(config_for(rule, args.total_steps, straggler), measured, model)
+    measured = measure(rule, config_for(rule, args.total_steps, straggler, overrides), real)
+    predicted = predict(config_for(rule, args.total_steps, straggler, overrides), measured, model)
     results[rule, straggler] = measured, predicted
     rows.append(
       {

@@ -1,7 +1,7 @@
 """The default run's accuracy under the changes that move its last bits, over seeds.
 
     python bench/cpu/compile_accuracy.py [--seeds 0,1,2] [--workdir runs/compile_accuracy]
-        [--steps N]
+        [--steps N] [--variants xla_defaults,options,options_shifted_conv1]
 
 Two changes make XLA:CPU add a step's products in another order, so that
 the trajectory's last bits move: the compiler options (easgd/infra/compile.py
@@ -10,7 +10,8 @@ shifted products (models/layers.py). This trains configs/default.py for each
 seed three ways, XLA's defaults, the options with XLA's first convolution,
 and both (the project as it is), and prints the final center test accuracy
 of each, so that the changes can be seen to be rounding and not a change of
-what is trained.
+what is trained. --variants trains some of the three (named by their run
+directories).
 """
 
 import argparse
@@ -61,14 +62,19 @@ def main():
   parser.add_argument(
     "--steps", type=arguments.integer(1), help="run.total_steps (default: the default run's)"
   )
+  directories = tuple(directory for directory, _, _ in VARIANTS.values())
+  parser.add_argument(
+    "--variants", type=arguments.some_of(directories), default=directories, help="the ways"
+  )
   args = parser.parse_args()
+  chosen = {label: variant for label, variant in VARIANTS.items() if variant[0] in args.variants}
   arguments.check_workdir(args.workdir)
   if os.path.isdir(args.workdir) and os.listdir(args.workdir):
     # An existing run directory would be resumed, with whatever code wrote it.
     arguments.fail(f"--workdir={args.workdir!r} is not empty: give a new directory")
   logging.set_verbosity(logging.WARNING)
   results = {}
-  for label, (directory, options, conv) in VARIANTS.items():
+  for label, (directory, options, conv) in chosen.items():
     compile_lib.OPTIONS.clear()
     compile_lib.OPTIONS.update(options)
     lenet.conv_general_dilated = conv  # read when LeNet-5 is traced
@@ -82,7 +88,7 @@ def main():
       metrics = trainer.train_and_evaluate(config, workdir).metrics
       results[label, seed] = metrics["eval/center_accuracy"]
   print(f"{'':24}" + "".join(f"{f'seed {s}':>9}" for s in args.seeds) + f"{'mean':>9}")
-  for label in VARIANTS:
+  for label in chosen:
     values = [results[label, seed] for seed in args.seeds]
     print(f"{label:24}" + "".join(f"{v:9.3f}" for v in values) + f"{statistics.mean(values):9.4f}")
 

@@ -54,7 +54,11 @@ def jax_variant(spec, name, batch_size):
   shape = SHAPES[name]
   devices = spec["devices"]
   mesh = sharding.make_mesh(devices)
-  tree = model_state.model_tree(model.init(jax.random.PRNGKey(0), jnp.zeros((1, *shape))))
+
+  def init_params(key):  # as train.py builds and compiles it: one program
+    return model_state.model_tree(model.init(key, jnp.zeros((1, *shape))))
+
+  tree = jax.jit(init_params)(jax.random.PRNGKey(0))
   loss_fn = steps.make_loss_fn(model, lambda x: x.astype(jnp.float32) / 255.0)
   rng = np.random.default_rng(0)
   options = options_for("cpu") if spec.get("options", True) else {}

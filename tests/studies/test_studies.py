@@ -104,7 +104,7 @@ def test_a_study_with_parallel_runs_writes_the_table_of_the_study_run_in_series(
       "studies/heterogeneous.py",
       f"--workdir={tmp_path / name}",
       f"--docs={tmp_path / (name + '_docs')}",
-      "--total_steps=25",
+      "--total_steps=5",
       "--seeds=1",
       "--runs=async_easgd",
       "--set=model='mlp'",
