@@ -216,18 +216,19 @@ def launch(
   return Process(*command, f"--workdir={workdir}", *flags, env=env)
 
 
-def assert_bfloat16_run_keeps_float32_state(tmp_path, steps: int) -> None:
-  """config.dtype=bfloat16 computes in bfloat16; the default run still reaches its
-  band after `steps` of its 600 steps at a constant rate, and what it keeps
-  (center, workers, optimizer state) is float32. The CPU tier (test_train.py:
-  300 steps, 0.954 measured, above 0.95 from step 250 on) and the GPU tier
-  (test_gpu.py: 400 steps) both run it."""
+def assert_bfloat16_run_keeps_float32_state(tmp_path, steps: int, accuracy: float = 0.95) -> None:
+  """config.dtype=bfloat16 computes in bfloat16; the default run still reaches
+  `accuracy` (by default its band) after `steps` of its 600 steps at a constant
+  rate, and what it keeps (center, workers, optimizer state) is float32. The GPU
+  tier (test_gpu.py: 400 steps) runs it to the band; the CPU tier (test_train.py),
+  where a bfloat16 step costs about 2.5 float32 ones, to 0.85 in 100 steps (0.914
+  measured, as float32's 0.912; 0.954 at step 250)."""
   from easgd.train import trainer  # noqa: PLC0415 (after the tier has chosen the devices)
 
   overrides = {"run.total_steps": steps, "run.log_every": 0, "run.eval_every": 0}
   config = config_with(overrides | {"run.checkpoint_every": 0}, dtype="bfloat16")
   result = trainer.train_and_evaluate(config, str(tmp_path))
-  assert result.metrics["eval/center_accuracy"] >= 0.95
+  assert result.metrics["eval/center_accuracy"] >= accuracy
   saved = read_state(tmp_path / "checkpoints" / str(steps) / "state")
   kept = [np.asarray(leaf) for leaf in jax.tree.leaves(jax.device_get(result.state))]
   for leaves in (saved, kept):

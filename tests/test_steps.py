@@ -35,17 +35,17 @@ def _train(num_devices, algorithm, steps_count=2):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(
-  "algorithm,steps_count",
-  [("sync_measgd", 3), ("sync_sgd", 1), ("async_measgd", 4), ("hogwild_sgd", 3)],
-)
+@pytest.mark.parametrize("algorithm,steps_count", [("sync_sgd", 1), ("async_measgd", 4)])
 def test_eight_workers_give_the_same_result_on_8_2_and_1_devices(algorithm, steps_count):
   # Sums over workers are reassociated differently on each layout, so the
   # layouts agree to float rounding. (Over many steps a ReLU or max-pool
   # decision at an exact tie can flip under that rounding and the runs then
   # drift apart by more: sync_sgd, whose every gradient goes through the
   # all-reduce, shows that from its second step on LeNet-5. The rule tests
-  # check longer runs on a smooth model.) Tests 8 workers on the MLP.
+  # check each rule on several layouts, longer, on a smooth model; here the
+  # training step's own part, each worker's batches drawn on its device, under a
+  # synchronous rule and under a parameter-server one, whose workers draw by
+  # their own step counts.) Tests 8 workers on the MLP.
   reference, reference_metrics = _train(8, algorithm, steps_count)
   for num_devices in (1,):  # 1 and 8 workers a device (test_rules covers 4 a device)
     state, metrics = _train(num_devices, algorithm, steps_count)
@@ -87,7 +87,9 @@ def test_the_gpus_worker_by_worker_local_step_equals_the_vmapped_one():
   loss and gradients of 3 workers with weights of their own."""
   model = models.get_model("lenet5", 10)
   keys = jax.random.split(jax.random.PRNGKey(0), 3)
-  workers = jax.vmap(lambda key: model.init(key, jnp.zeros((1, 28, 28, 1)))["params"])(keys)
+  # Compiled: run op by op, the vmapped initialisers took longer than both programs.
+  init = jax.jit(jax.vmap(lambda key: model.init(key, jnp.zeros((1, 28, 28, 1)))["params"]))
+  workers = init(keys)
   images = jax.random.uniform(jax.random.PRNGKey(1), (3, 8, 28, 28, 1))
   labels = jax.random.randint(jax.random.PRNGKey(2), (3, 8), 0, 10)
 

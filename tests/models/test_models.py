@@ -140,6 +140,24 @@ def test_an_unknown_dtype_is_refused_by_the_registry():
     models.get_model("mlp", 10, "float16")
 
 
+def _random_tree(model, rng):
+  """The model's tree (parameters, statistics) of random values, without compiling its
+  initialisers (VGG-11's take as long to compile as its training step):
+  1/sqrt(fan-in) scale; BatchNorm's scales 1 (its variances too) keep a step's loss
+  near log(10)."""
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)))
+
+  def leaf(path, shape):
+    if path[-1].key in ("scale", "var"):
+      return np.ones(shape.shape, np.float32)
+    if path[-1].key in ("bias", "mean"):
+      return np.zeros(shape.shape, np.float32)
+    fan_in = np.prod(shape.shape[:-1])
+    return (rng.standard_normal(shape.shape) / np.sqrt(fan_in)).astype(np.float32)
+
+  return model_state.model_tree(jax.tree_util.tree_map_with_path(leaf, shapes))
+
+
 def _model(name, dtype):
   if name == "resnet50":
     # resnet50's stem and blocks with one block a stage (each with its projection
@@ -162,20 +180,8 @@ def test_imagenet_networks_take_a_compiled_rule_step(name, algorithm, dtype):
   moved, and a state (center, workers, optimizer state, statistics) all float32."""
   model = _model(name, dtype)
   mesh = sharding.make_mesh(2)
-  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)))
-  # Random parameters without compiling the initialisers (1/sqrt(fan-in) scale);
-  # BatchNorm's scales 1 (its variances too) keep the step's loss near log(10).
   rng = np.random.default_rng(0)
-
-  def leaf(path, shape):
-    if path[-1].key in ("scale", "var"):
-      return np.ones(shape.shape, np.float32)
-    if path[-1].key in ("bias", "mean"):
-      return np.zeros(shape.shape, np.float32)
-    fan_in = np.prod(shape.shape[:-1])
-    return (rng.standard_normal(shape.shape) / np.sqrt(fan_in)).astype(np.float32)
-
-  tree = model_state.model_tree(jax.tree_util.tree_map_with_path(leaf, shapes))
+  tree = _random_tree(model, rng)
   momentum = 0.9 if algorithm == "sync_easgd" else 0.0
   hyper = rules.Hyper(2, 0.01, momentum=momentum, comm_period=1, moving_rate=0.4)
   rule = rules.make_rule(algorithm, hyper)
@@ -252,12 +258,10 @@ def test_cifar_networks_take_sync_easgd_steps_and_lower_the_loss(name):
   """A few compiled steps on one fixed augmented batch of CIFAR-shaped images."""
   model = models.get_model(name, 10)
   mesh = sharding.make_mesh(1)
-  tree = model_state.model_tree(
-    jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)))
-  )
+  rng = np.random.default_rng(0)
+  tree = _random_tree(model, rng)
   rule = rules.make_rule("sync_easgd", rules.Hyper(1, 0.01, comm_period=2, moving_rate=0.5))
   state = steps.init_state(rule, tree, jax.random.PRNGKey(1), mesh)
-  rng = np.random.default_rng(0)
   images = sharding.place(mesh, rng.integers(0, 256, (1, 8, 32, 32, 3), np.uint8), P(AXIS))
   labels = sharding.place(mesh, rng.integers(0, 10, (1, 8), np.int32), P(AXIS))
   loss_fn = steps.make_loss_fn(model, lambda x: x.astype(jnp.float32) / 255.0 - 0.5)

@@ -36,12 +36,13 @@ TAGS = {
 }
 
 
-def test_default_config_learns_in_300_steps_and_writes_tensorboard(tmp_path):
-  # No logging, evaluation or checkpoint before the end: 300 steps are queued
+def test_default_config_learns_in_120_steps_and_writes_tensorboard(tmp_path):
+  # No logging, evaluation or checkpoint before the end: 120 steps are queued
   # with only the in-flight bound between them (collectives would deadlock
-  # past about 32 queued programs).
+  # past about 32 queued programs). Measured: center 0.935, workers 0.891
+  # (0.931 and 0.905 with config.seed=1; the whole run's 600 steps end >= 0.95).
   config = config_with(
-    {"run.total_steps": 300, "run.log_every": 0, "run.eval_every": 0, "run.checkpoint_every": 0}
+    {"run.total_steps": 120, "run.log_every": 0, "run.eval_every": 0, "run.checkpoint_every": 0}
   )
   result = trainer.train_and_evaluate(config, str(tmp_path))
   assert result.metrics["eval/center_accuracy"] >= 0.9
@@ -49,15 +50,15 @@ def test_default_config_learns_in_300_steps_and_writes_tensorboard(tmp_path):
   assert 0 < result.metrics["eval/consensus_distance"] < 0.5
   logged = scalars.read(str(tmp_path))
   assert TAGS <= set(logged)
-  # 300 steps, tau = 4: 75 ring all-reduces of 61,706 float32 parameters, logged once.
-  assert logged["comm/bytes_per_worker"] == [(300, pytest.approx(75 * 2 * 7 / 8 * 61706 * 4))]
+  # 120 steps, tau = 4: 30 ring all-reduces of 61,706 float32 parameters, logged once.
+  assert logged["comm/bytes_per_worker"] == [(120, pytest.approx(30 * 2 * 7 / 8 * 61706 * 4))]
   assert logged["eval/center_accuracy"][-1][1] == pytest.approx(
     result.metrics["eval/center_accuracy"]
   )
 
 
 def test_default_config_learns_in_bfloat16_and_saves_a_float32_state(tmp_path):
-  assert_bfloat16_run_keeps_float32_state(tmp_path, steps=300)
+  assert_bfloat16_run_keeps_float32_state(tmp_path, steps=100, accuracy=0.85)
 
 
 def test_async_rule_logs_its_simulated_cluster(tmp_path):
@@ -90,16 +91,16 @@ def test_async_rule_logs_its_simulated_cluster(tmp_path):
   assert metrics["eval/center_accuracy"] > 0.5
 
 
-@pytest.mark.parametrize("algorithm,momentum", [("sync_sgd", 0.9), ("sync_measgd", 0.9)])
-def test_tfds_dataset_trains_under_mock_data(tmp_path, algorithm, momentum):
+def test_tfds_dataset_trains_under_mock_data(tmp_path):
+  # The dataset's path is the same under every rule (CIFAR-10's: test_models.py).
   config = config_with(
     {
       "data.dataset": "mnist",
-      "optimizer.momentum": momentum,
+      "optimizer.momentum": 0.9,
       "data.batch_size": 4,
       "run.total_steps": 3,
     },
-    algorithm=algorithm,
+    algorithm="sync_sgd",
   )
   with tfds.testing.mock_data(num_examples=64):
     result = trainer.train_and_evaluate(config, str(tmp_path))
