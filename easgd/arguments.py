@@ -219,6 +219,20 @@ def some_of(allowed: tuple):
   return parse
 
 
+def file_name(suffix: str):
+  """An argparse type: a plain file name (no folder) that ends in `suffix`."""
+
+  def parse(text: str) -> str:
+    if not text.endswith(suffix) or text == suffix or os.path.basename(text) != text:
+      raise argparse.ArgumentTypeError(
+        f"{text!r} is invalid: must be a file name ending in {suffix}, without a folder"
+      )
+    return text
+
+  parse.__name__ = "file name"
+  return parse
+
+
 def directory(flag: str):
   """An argparse type: an output directory that can be created or written (see
   check_workdir)."""

@@ -2,7 +2,8 @@
 to 95% center accuracy, and the accuracy at a fixed simulated time.
 
     python studies/heterogeneous.py --workdir runs/heterogeneous [--total_steps 600]
-        [--seeds 3] [--runs async_easgd,async_local_sgd-DN,...] [--add_to_table]
+        [--seeds 3] [--runs async_easgd,async_local_sgd-DN,...]
+        [--add_to_table [--added_plot heterogeneous_added.png]]
         [--set FIELD=VALUE ...]
         [--parallel N [--point_cpus C] [--point_gpus G] [--ray_address HOST:PORT]]
 
@@ -25,7 +26,7 @@ averaged over the seeds that reached it.
 --add_to_table puts the rows of --runs into the table already in --docs instead,
 read at that table's fixed time, each in place of the row of the same run; its
 other rows stay, a note below the table names the command and the date, and the
-plot of these runs alone goes to docs/heterogeneous_added.png.
+plot of these runs alone goes to docs/heterogeneous_added.png (or --added_plot).
 """
 
 import os
@@ -62,9 +63,18 @@ CLUSTER = {
 NESTEROV_EVERY_PUSH = {"outer.momentum_period": 1, "outer.learning_rate": 0.7 / 8}
 DELAYED = {"outer.momentum_period": 8}
 DYLU = {"outer.dynamic_local_steps": True}
+# The synchronous rounds at a quorum of 6 of the 8 workers (easgd.sim.rounds): closed at
+# the sixth arrival, the two slowest dropped (torchft's heal) or late (their messages
+# in the next round, weighted 1/sqrt(2)).
+QUORUM = {"outer.quorum": 6}
+LATE = {**QUORUM, "outer.missed": "late"}
 RUNS = {
   "sync_easgd": ("sync_easgd", {}),
   "diloco": ("diloco", {}),
+  "sync_easgd-q6-drop": ("sync_easgd", QUORUM),
+  "sync_easgd-q6-late": ("sync_easgd", LATE),
+  "diloco-q6-drop": ("diloco", QUORUM),
+  "diloco-q6-late": ("diloco", LATE),
   "async_easgd": ("async_easgd", {}),
   # EAMSGD's look-ahead momentum at its rule's defaults (mu 0.9, eta 0.01).
   "async_measgd": (
@@ -191,10 +201,16 @@ def main():
     action="store_true",
     help="put these runs' rows into the table in --docs, read at its fixed time",
   )
+  parser.add_argument(
+    "--added_plot",
+    type=arguments.file_name(".png"),
+    default="heterogeneous_added.png",
+    help="with --add_to_table: the file in --docs that plots the rows added",
+  )
   executor.add_arguments(parser)
   args = parser.parse_args()
   table = os.path.join(args.docs, "heterogeneous_table.md")
-  plot_name = "heterogeneous_added.png" if args.add_to_table else "heterogeneous.png"
+  plot_name = args.added_plot if args.add_to_table else "heterogeneous.png"
   harness.check_outputs(args.docs, "heterogeneous", "heterogeneous_table.md", plot_name)
   if args.add_to_table and not os.path.isfile(table):
     arguments.fail(f"--add_to_table: no table {table!r} to add rows to; run the study without it")
@@ -232,8 +248,7 @@ def main():
     }
     note = (
       "read at the same time, their recipes in studies/heterogeneous.py (RUNS); the other "
-      "rows come from the command of the first line. The plot of these rows is "
-      "heterogeneous_added.png."
+      f"rows come from the command of the first line. The plot of these rows is {plot_name}."
     )
     harness.add_rows(table, lines, harness.command("heterogeneous"), note)
     plot(rows, os.path.join(args.docs, plot_name), title + ", the rows added", time_budget)

@@ -5,6 +5,7 @@ family"), not from easgd/.
 Models are parameter dicts of NumPy arrays, as in numpy_reference.
 """
 
+import copy
 import math
 
 import numpy as np
@@ -268,5 +269,66 @@ def streaming(
         center.update({k: center[k] + alpha * totals[k] for k in names})
         for w, d in zip(workers, differences, strict=True):
           w.update({k: w[k] - alpha * d[k] for k in names})
+    history.append(([dict(w) for w in workers], dict(center)))
+  return history
+
+
+def center_family_in_rounds(
+  x0, batches, grad, inner, tau, pull, outer, memberships, alpha=0.0, fixed=False
+):
+  """The center family whose rounds close at a quorum; returns [(workers, center)]
+  after each step, as `center_family`.
+
+  memberships[r] = (members, late, dropped), sets of workers, for the r-th round
+  (the step t with (t+1) % tau == 0). With H the late workers of round r-1 and
+  h_j what each sent then, round r takes its members' messages s_i and the held
+  h_j at weight w = 1/sqrt(1 + 1):
+    Delta = -(sum_{i in M} s_i + w sum_{j in H} h_j) / (|M| + |H|)   (fixed: / P)
+  then the center moves by the outer update of Delta; members and late workers
+  are pulled (or reset) as in `center_family`, a late worker's s_j held for round
+  r+1; a dropped worker takes the new center and the inner state of the round's
+  lowest-numbered member.
+  """
+  num_workers = len(batches[0])
+  weight = 1 / math.sqrt(2)
+  workers = [dict(x0) for _ in range(num_workers)]
+  states = [inner.init(x0) for _ in range(num_workers)]
+  center, outer_state = dict(x0), outer.init(x0)
+  held = {}
+  history = []
+  rounds = iter(memberships)
+  for t, step_batches in enumerate(batches):
+    updates = []
+    for i in range(num_workers):
+      y = inner.point(workers[i], states[i])
+      u, states[i] = inner.update(grad(y, step_batches[i]), states[i], y)
+      updates.append(u)
+    stepped = [{k: w[k] + u[k] for k in w} for w, u in zip(workers, updates, strict=True)]
+    if (t + 1) % tau != 0:
+      workers = stepped
+      history.append(([dict(w) for w in workers], dict(center)))
+      continue
+    members, late, dropped = next(rounds)
+    read = workers if pull == "elastic" else stepped
+    messages = [{k: r[k] - center[k] for k in r} for r in read]
+    count = num_workers if fixed else len(members) + len(held)
+    delta = {
+      k: -(sum(messages[i][k] for i in members) + weight * sum(h[k] for h in held.values())) / count
+      for k in center
+    }
+    step, outer_state = outer.update(delta, outer_state, center)
+    new_center = {k: center[k] + step[k] for k in center}
+    first = min(members)
+    new_workers = []
+    for i in range(num_workers):
+      if i in dropped or pull == "reset":
+        new_workers.append(dict(new_center))
+      else:
+        new_workers.append({k: stepped[i][k] - alpha * messages[i][k] for k in center})
+    states = [
+      copy.deepcopy(states[first]) if i in dropped else states[i] for i in range(num_workers)
+    ]
+    held = {j: messages[j] for j in late}
+    workers, center = new_workers, new_center
     history.append(([dict(w) for w in workers], dict(center)))
   return history

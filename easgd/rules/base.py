@@ -43,9 +43,9 @@ import jax
 from jax.sharding import PartitionSpec
 
 from easgd.declare import REQUIRED, Field, Shapes, integer, number, unique
-from easgd.rules import exchange, model_state, optimizers, spmd
+from easgd.rules import exchange, model_state, optimizers, quorum, spmd
 from easgd.rules.state import Batch, LossFn, Metrics, Params, TrainState
-from easgd.sim import clocks, ticks, timing
+from easgd.sim import clocks, rounds, ticks, timing
 
 # easgd.sim.ticks.Tick.device_inputs(), or {} for the synchronous rules.
 TickInputs = dict[str, jax.Array]
@@ -144,6 +144,9 @@ class Rule(abc.ABC):
     exchange_dtypes: what its exchange messages may be sent as (`outer.exchange_dtype`).
     pulls:       the pulls it may take (`Pull`, `outer.pull`), its own first;
                  () for a rule without a center to pull to (the SGD rules).
+    missed:      the kinds of `outer.missed` its synchronous rounds honour under a
+                 quorum (easgd.sim.rounds: drop, late); () for a rule whose
+                 exchanges cannot close at a quorum, `missed_reason` says why.
     defaults:    its own values of config fields (dotted path -> value) where
                  the default config's would fail it: they apply where neither
                  the config file nor the command line changes the field
@@ -165,6 +168,8 @@ class Rule(abc.ABC):
   inner_optimizers: ClassVar[tuple[str, ...]] = optimizers.INNER
   inner_reason: ClassVar[str] = ""  # why, when it is not every one
   exchange_dtypes: ClassVar[tuple[str, ...]] = exchange.COMMON_DTYPES
+  missed: ClassVar[tuple[str, ...]] = ()
+  missed_reason: ClassVar[str] = ""
   defaults: ClassVar[Mapping[str, Any]] = types.MappingProxyType({})
   declares: ClassVar[tuple[Field, ...]] = (
     WORKERS,
@@ -175,6 +180,7 @@ class Rule(abc.ABC):
     exchange.EXCHANGE_DTYPE,
     model_state.BATCH_STATS,
     spmd.DETERMINISTIC_SUMS,
+    *rounds.FIELDS,
   )
 
   @classmethod
@@ -191,6 +197,8 @@ class Rule(abc.ABC):
 
   def __init__(self, hyper):
     self.hyper = hyper
+    # Its rounds' quorum policy; None where every exchange waits for every worker.
+    self.round_policy = rounds.Policy.of(hyper) if self.missed else None
     # The workers' local optimizer (for sync_sgd, the shared model's).
     if self.takes_look_ahead(hyper.optimizer, hyper.nesterov):
       self.inner = optimizers.look_ahead_sgd(hyper)
@@ -313,9 +321,13 @@ class Rule(abc.ABC):
       exchanges_after=self.exchanges_after,
       levels=self.levels(),
       level_exchanges=self.level_exchanges,
+      policy=self.round_policy,
     )
 
   def tick_inputs(self, tick: ticks.Tick) -> TickInputs:
-    """What the device program needs of a tick: nothing, for lockstep rules."""
-    del tick
-    return {}
+    """What the device program needs of a tick: nothing, for lockstep rules; under a
+    round policy the round's membership (easgd.rules.quorum)."""
+    if self.round_policy is None:
+      return {}
+    fixed = self.hyper.world_size == "fixed"
+    return quorum.tick_inputs(tick.round, self.hyper.num_workers, fixed)

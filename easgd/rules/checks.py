@@ -20,7 +20,7 @@ from easgd.rules.exchange import ERROR_FEEDBACK, EXCHANGE_DTYPE
 from easgd.rules.outer import OUTER_NESTEROV, OUTER_OPTIMIZER, PULL
 from easgd.rules.registry import RULES
 from easgd.rules.streaming import FRAGMENTS, SYNC_DELAY
-from easgd.sim import timing
+from easgd.sim import rounds, timing
 
 
 def check(config: ml_collections.ConfigDict) -> None:
@@ -36,6 +36,8 @@ def check(config: ml_collections.ConfigDict) -> None:
   _check_batch_stats(rule, config)
   timing.check_stragglers(config.cluster, config.workers)
   timing.check_groups(config.cluster, config.workers)
+  if rule.missed:
+    rounds.check(config, rule.missed, rule.missed_reason)
   _check_no_per_model(config.pipeline.per_model)
   rule.check_config(config)
 

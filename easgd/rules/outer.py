@@ -45,7 +45,7 @@ import optax
 from jax import lax
 
 from easgd.declare import FLAG, Allowed, Field, Shapes, number, one_of
-from easgd.rules import exchange, model_state, optimizers
+from easgd.rules import exchange, model_state, optimizers, quorum
 from easgd.rules.base import (
   BASE_READS,
   COMM_PERIOD,
@@ -58,6 +58,10 @@ from easgd.rules.base import (
 from easgd.rules.optimizers import local_update, shifted, step_metrics
 from easgd.rules.spmd import AXIS, exchange_key, local_workers, sum_over_workers
 from easgd.rules.state import initial_state, stack_workers
+from easgd.sim import rounds
+
+# The center family's members that close their rounds at a quorum (easgd.sim.rounds).
+ROUND_MISSED = ("drop", "late")
 
 # The center's outer optimizer and the choice of pull.
 PULL = Field(
@@ -158,7 +162,15 @@ class CenterRule(Rule):
     worker_opt = {"inner": optimizers.init_workers(self.inner, workers)}
     if self.hyper.error_feedback:
       worker_opt["residual"] = jax.tree.map(jnp.zeros_like, workers)
+    if self.holds_late():
+      # The late workers' messages, held for the next round (easgd.rules.quorum).
+      held = model_state.exchanged(workers, self.hyper.average_stats)
+      worker_opt["held"] = jax.tree.map(jnp.zeros_like, held)
     return worker_opt
+
+  def holds_late(self) -> bool:
+    """Whether its rounds hold late workers' messages for the next round."""
+    return self.round_policy is not None and self.round_policy.missed == "late"
 
   def compress(self, messages, residual, key, count: int):
     """(what this device's `count` workers send of their `messages`, their residuals
@@ -214,7 +226,6 @@ class CenterRule(Rule):
     return reset
 
   def step(self, state, batch, loss_fn, tick):
-    del tick
     # Where each local step starts: x_i, or EAMSGD's look-ahead point x_i + mu*v_i.
     start = shifted(state.workers, self.look_ahead_shift(state.worker_opt["inner"]))
     updates, inner_state, _, loss, aux = local_update(
@@ -225,10 +236,18 @@ class CenterRule(Rule):
     # The residuals of error feedback (None without it): changed by an exchange only.
     residual = state.worker_opt.get("residual")
 
+    # Under a round policy (easgd.rules.quorum) the cond also returns the inner
+    # state (a dropped worker takes a member's) and the held late messages;
+    # without one it returns what it always has.
+    in_rounds = self.round_policy is not None
+    held = state.worker_opt.get("held")
+
     # x_i + u_i is formed inside each branch, not once before the cond: XLA
     # then compiles the step as it always has, and plain EASGD keeps its bits.
     def local_only():
-      return jax.tree.map(jnp.add, start, updates), state.center, state.center_opt, residual
+      extra = (inner_state, held) if in_rounds else ()
+      stepped = jax.tree.map(jnp.add, start, updates)
+      return stepped, state.center, state.center_opt, residual, extra
 
     def with_exchange():
       stepped = jax.tree.map(jnp.add, start, updates)
@@ -237,18 +256,33 @@ class CenterRule(Rule):
         jax.tree.map(lambda x, c: x - c, read, state.center), self.hyper.average_stats
       )
       sent, left = self.compress(distance, residual, exchange_key(state), count)
-      center, center_opt = self._move_center(state.center, state.center_opt, sent)
+      if in_rounds:
+        total = quorum.total(sent, held, tick, count, self.hyper.deterministic_sums)
+        center, center_opt = self._apply_total(state.center, state.center_opt, total, self.outer())
+        left = quorum.keep_unsent(left, residual, tick, count)
+      else:
+        center, center_opt = self._move_center(state.center, state.center_opt, sent)
       if self.pull == Pull.RESET:
-        return self._reset(center, stepped, count), center, center_opt, left
-      # The worker pulls itself with its own exact difference; only what it
-      # sends is compressed.
-      alpha = self.hyper.moving_rate
-      workers = jax.tree.map(lambda x, u, d: x + u - alpha * d, start, updates, distance)
-      return workers, center, center_opt, left
+        workers = self._reset(center, stepped, count)
+      else:
+        # The worker pulls itself with its own exact difference; only what it
+        # sends is compressed.
+        alpha = self.hyper.moving_rate
+        workers = jax.tree.map(lambda x, u, d: x + u - alpha * d, start, updates, distance)
+      if not in_rounds:
+        return workers, center, center_opt, left, ()
+      reset = self._reset(center, workers, count)
+      healed, healed_state = quorum.heal(workers, reset, inner_state, tick, count)
+      next_held = quorum.hold(sent, tick, count) if held is not None else None
+      return healed, center, center_opt, left, (healed_state, next_held)
 
     is_exchange = self.exchanges_after(state.step)
-    workers, center, center_opt, residual = lax.cond(is_exchange, with_exchange, local_only)
+    workers, center, center_opt, residual, extra = lax.cond(is_exchange, with_exchange, local_only)
     worker_opt = {"inner": inner_state}
+    if in_rounds:
+      worker_opt["inner"], held = extra
+      if held is not None:
+        worker_opt["held"] = held
     if residual is not None:
       worker_opt["residual"] = residual
     new_state = state.replace(
@@ -279,7 +313,8 @@ class SyncEASGD(CenterRule):
   name = "sync_easgd"
   elastic = True
   pulls = (Pull.ELASTIC,)
-  reads = (*BASE_READS, *ELASTIC_READS, exchange.ERROR_FEEDBACK.path)
+  missed = ROUND_MISSED
+  reads = (*BASE_READS, *ELASTIC_READS, exchange.ERROR_FEEDBACK.path, *rounds.READS)
 
   def outer_settings(self):
     return None
@@ -316,7 +351,15 @@ class DiLoCo(CenterRule):
 
   name = "diloco"
   pulls = (Pull.RESET, Pull.ELASTIC)
-  reads = (*BASE_READS, *ELASTIC_READS, *OUTER_READS, PULL.path, exchange.ERROR_FEEDBACK.path)
+  missed = ROUND_MISSED
+  reads = (
+    *BASE_READS,
+    *ELASTIC_READS,
+    *OUTER_READS,
+    PULL.path,
+    exchange.ERROR_FEEDBACK.path,
+    *rounds.READS,
+  )
 
 
 class LocalSGD(CenterRule):
@@ -325,11 +368,13 @@ class LocalSGD(CenterRule):
 
   name = "local_sgd"
   pulls = (Pull.RESET,)
+  missed = ROUND_MISSED
   reads = (
     *BASE_READS,
     COMM_PERIOD.path,
     model_state.BATCH_STATS.path,
     exchange.ERROR_FEEDBACK.path,
+    *rounds.READS,
   )
 
   def outer_settings(self):
@@ -345,12 +390,14 @@ class Lookahead(CenterRule):
 
   name = "lookahead"
   pulls = (Pull.RESET,)
+  missed = ROUND_MISSED
   reads = (
     *BASE_READS,
     COMM_PERIOD.path,
     model_state.BATCH_STATS.path,
     OUTER_LEARNING_RATE.path,
     exchange.ERROR_FEEDBACK.path,
+    *rounds.READS,
   )
 
   def outer_settings(self):

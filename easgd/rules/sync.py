@@ -8,11 +8,12 @@ import jax
 import optax
 from jax import lax
 
-from easgd.rules import exchange, model_state
-from easgd.rules.base import Momentum, Rule
+from easgd.rules import exchange, model_state, quorum
+from easgd.rules.base import BASE_READS, Momentum, Rule
 from easgd.rules.optimizers import step_metrics
 from easgd.rules.spmd import AXIS, exchange_key, local_workers, mean_over_workers
 from easgd.rules.state import initial_state, stack_workers
+from easgd.sim import rounds
 
 
 class SyncSGD(Rule):
@@ -27,6 +28,10 @@ class SyncSGD(Rule):
   With P workers of batch b and float32 this equals one worker with batch P*b.
   BatchNorm statistics are all-reduced too: s <- (1/P) sum_i s'_i (the
   workers share one model, so they cannot keep statistics of their own).
+
+  At a quorum (easgd.sim.rounds) a step's round takes its members' gradients
+  alone, g = (1/|M|) sum_{i in M} Q(g_i) (statistics alike); a dropped worker's
+  gradient is lost, and it computes its next one at the new x.
   """
 
   name = "sync_sgd"
@@ -34,13 +39,18 @@ class SyncSGD(Rule):
   nesterov = True
   # Its workers share one model, so they cannot keep statistics of their own.
   batch_stats = (model_state.AVERAGED,)
+  missed = ("drop",)
+  missed_reason = (
+    "its workers share one x, so a gradient taken in by a later step is a stale gradient "
+    "(async_sgd's)"
+  )
+  reads = (*BASE_READS, *rounds.READS)
 
   def init(self, params, rng):
     center_opt = self.inner.init(model_state.trainable(params))
     return initial_state(rng, params, center_opt, (), (), self.hyper.num_workers)
 
   def step(self, state, batch, loss_fn, tick):
-    del tick
     # Every local worker differentiates at the shared x on its own batch. x is
     # first marked as varying over devices: the gradient of a replicated value
     # would otherwise come back already summed over devices (the transpose of
@@ -51,7 +61,11 @@ class SyncSGD(Rule):
     )
 
     def mean(tree):
-      return mean_over_workers(tree, self.hyper.num_workers, self.hyper.deterministic_sums)
+      if self.round_policy is None:
+        return mean_over_workers(tree, self.hyper.num_workers, self.hyper.deterministic_sums)
+      count = state.worker_steps.shape[0]
+      total = quorum.total(tree, None, tick, count, self.hyper.deterministic_sums)
+      return jax.tree.map(lambda leaf: leaf / self.hyper.num_workers, total)
 
     params = model_state.trainable(state.center)
     sent = exchange.compress_workers(

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from easgd.sim import rounds
 from easgd.sim.events import TickPacker
 from easgd.sim.ticks import OpKind, Tick
 from easgd.sim.timing import Cluster, Exchange
@@ -217,6 +218,44 @@ class Clock(RunTotals, abc.ABC):
     """The next tick."""
 
 
+class RoundTotals:
+  """What a round policy's rounds did so far (easgd.sim.rounds): rounds, contributions
+  taken (members, and late messages of the round before), late and dropped workers,
+  local steps lost to drops, and seconds saved against waiting for all."""
+
+  KEYS = ("rounds", "contributions", "late", "dropped", "lost_steps", "saved")
+
+  def __init__(self):
+    self.values = dict.fromkeys(self.KEYS, 0)
+    self.values["saved"] = 0.0
+
+  def add(self, this_round: rounds.Round, steps: int) -> None:
+    values = self.values
+    values["rounds"] += 1
+    values["contributions"] += int(this_round.members.sum() + this_round.held.sum())
+    values["late"] += int(this_round.late.sum())
+    values["dropped"] += int(this_round.dropped.sum())
+    values["lost_steps"] += int(this_round.dropped.sum()) * steps
+    values["saved"] += this_round.saved
+
+  def scalars(self) -> dict[str, float]:
+    """The reports' rounds/ values (totals since step 0, and the mean round's size)."""
+    values = self.values
+    return {
+      "rounds/contributions_per_round": values["contributions"] / max(values["rounds"], 1),
+      "rounds/late": float(values["late"]),
+      "rounds/dropped": float(values["dropped"]),
+      "rounds/work_lost_steps": float(values["lost_steps"]),
+      "rounds/wait_saved_seconds": float(values["saved"]),
+    }
+
+  def state_dict(self) -> dict:
+    return dict(self.values)
+
+  def load_state_dict(self, state: dict) -> None:
+    self.values = {key: state[key] for key in self.KEYS}
+
+
 class SyncClock(Clock):
   """All workers take their steps together; every `period`-th step ends with a
   barrier and an all-reduce (or each step for which `exchanges_after(steps
@@ -242,14 +281,22 @@ class SyncClock(Clock):
     exchanges_after: Callable[[int], bool] | None = None,
     levels: Sequence[Exchange] = (Exchange(),),
     level_exchanges: Callable[[int], Sequence[bool]] | None = None,
+    policy: rounds.Policy | None = None,
   ):
     super().__init__(cluster, num_workers, model_bytes, seed, sent_bytes)
     self.period = period
     self.exchanges_after = exchanges_after or (lambda step: (step + 1) % period == 0)
     self.levels = tuple(levels)
     self.level_exchanges_after = level_exchanges or (lambda step: (self.exchanges_after(step),))
+    self.policy = policy
     self.steps = 0
     self._worker_time = np.zeros(num_workers)
+    # Under a round policy: the late workers of the last round, when their messages
+    # arrive, the step of the last exchange, and the rounds' totals (`RoundTotals`).
+    self._held = np.zeros(num_workers, bool)
+    self._held_until = -math.inf
+    self._last_exchange = 0
+    self.round_totals = None if policy is None else RoundTotals()
 
   def _advance(self) -> Tick:
     step = self.steps
@@ -259,7 +306,8 @@ class SyncClock(Clock):
     requests = np.zeros(self.num_workers, np.int64)
     bytes_sent = np.zeros(self.num_workers)
     bytes_between = np.zeros(self.num_workers)
-    rounds = []
+    levels = []
+    this_round = None
     exchanges = self._exchanges_at_this_step()
     if exchanges and self.num_workers > 1:
       seconds = 0.0
@@ -272,8 +320,16 @@ class SyncClock(Clock):
         bytes_between += between
         requests += 1
         if len(self.levels) > 1:
-          rounds.append(level)
-      self._all_reduced(self._worker_time.max() + seconds)
+          levels.append(level)
+      if self.policy is None:
+        self._all_reduced(self._worker_time.max() + seconds)
+      else:
+        this_round = self._close_round(seconds)
+        # A dropped worker sends nothing; a late one sends when it arrives.
+        sending = this_round.members | this_round.late
+        requests *= sending
+        bytes_sent *= sending
+        bytes_between *= sending
     self._apply_arrivals()
     local = np.ones(self.num_workers, bool)
     return Tick(
@@ -285,8 +341,33 @@ class SyncClock(Clock):
       requests,
       bytes_sent,
       bytes_between=bytes_between if bytes_between.any() else None,
-      levels=rounds,
+      levels=levels,
+      round=this_round,
     )
+
+  def _close_round(self, seconds: float) -> rounds.Round:
+    """A round under the policy (easgd.sim.rounds): it closes at T, and not before the
+    late messages of the last round arrived; members and dropped workers go on at T +
+    `seconds` (its all-reduce), late ones at their arrival + `seconds`."""
+    arrivals = self._worker_time.copy()
+    close = max(self.policy.closing_time(arrivals), self._held_until)
+    members = arrivals <= close
+    missed = ~members
+    late = missed if self.policy.missed == "late" else np.zeros_like(missed)
+    this_round = rounds.Round(
+      members=members,
+      late=late,
+      dropped=missed & ~late,
+      held=self._held,
+      saved=float(arrivals.max() - close),
+    )
+    self._worker_time[:] = close + seconds
+    self._worker_time[late] = arrivals[late] + seconds
+    self._held = late
+    self._held_until = float(arrivals[late].max()) if late.any() else -math.inf
+    self.round_totals.add(this_round, self.steps - self._last_exchange)
+    self._last_exchange = self.steps
+    return this_round
 
   def _exchanges_at_this_step(self) -> list[tuple[int, float]]:
     """(level, bytes) of each all-reduce at the end of this step (`self.steps` done)."""
@@ -302,12 +383,26 @@ class SyncClock(Clock):
     """Results waited for later than their all-reduce: none here."""
 
   def state_dict(self):
-    return {**super().state_dict(), "steps": self.steps, "worker_time": self._worker_time.tolist()}
+    state = {**super().state_dict(), "steps": self.steps, "worker_time": self._worker_time.tolist()}
+    if self.round_totals is not None:
+      state["rounds"] = {
+        "held": self._held.tolist(),
+        "held_until": self._held_until,
+        "last_exchange": self._last_exchange,
+        "totals": self.round_totals.state_dict(),
+      }
+    return state
 
   def load_state_dict(self, state):
     super().load_state_dict(state)
     self.steps = int(state["steps"])
     self._worker_time = np.array(state["worker_time"], np.float64)
+    if self.round_totals is not None:
+      saved = state["rounds"]
+      self._held = np.array(saved["held"], bool)
+      self._held_until = float(saved["held_until"])
+      self._last_exchange = int(saved["last_exchange"])
+      self.round_totals.load_state_dict(saved["totals"])
 
   def peak_bytes_per_step(self) -> float:
     """The most bytes a worker sends in one step: an all-reduce of the model; for a

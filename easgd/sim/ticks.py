@@ -9,6 +9,8 @@ import enum
 
 import numpy as np
 
+from easgd.sim.rounds import Round
+
 
 class OpKind(enum.IntEnum):
   """Kinds of master operations in a tick (the device program switches on them)."""
@@ -54,6 +56,8 @@ class Tick:
       and a group server's send level 1).
     server_bytes: [inside groups, between groups]: what the two-tier servers sent
       each other in the tick (None: nothing).
+    round: the membership of a synchronous round that closed in the tick under a
+      round policy (easgd.sim.rounds); None: no such round.
   """
 
   time: float
@@ -68,6 +72,7 @@ class Tick:
   bytes_between: np.ndarray | None = None
   levels: list[int] = dataclasses.field(default_factory=list)
   server_bytes: list[float] | None = None
+  round: Round | None = None
 
   @classmethod
   def empty(cls, num_workers: int) -> "Tick":
@@ -90,6 +95,7 @@ class Tick:
       **({} if self.bytes_between is None else {"bytes_between": self.bytes_between.tolist()}),
       **({"levels": list(self.levels)} if self.levels else {}),
       **({} if self.server_bytes is None else {"server_bytes": list(self.server_bytes)}),
+      **({} if self.round is None else {"round": self.round.to_dict()}),
     }
 
   @classmethod
@@ -112,6 +118,7 @@ class Tick:
       server_bytes=(
         [float(n) for n in values["server_bytes"]] if "server_bytes" in values else None
       ),
+      round=Round.from_dict(values["round"]) if "round" in values else None,
     )
 
   def device_inputs(self, servers: bool = False) -> dict[str, np.ndarray]:

@@ -106,6 +106,13 @@ FIELDS = {
   # PALSGD's p in [0, 1); its pull rate any finite rate > 0 (p = 0 here: no pull to bound).
   "outer.pull_probability": (fraction(), {"algorithm": "palsgd"}),
   "outer.pull_rate": (finite_at_least(0, inclusive=False), {"algorithm": "palsgd"}),
+  # A round's quorum: a fraction of the default 8 workers, or a count of 2 to 8; its
+  # deadline any number of seconds >= 0, inf waiting for every worker.
+  "outer.quorum": (
+    lambda v: _number(v) and (0 < v <= 1 or (math.isfinite(v) and v == int(v) and 2 <= v <= 8)),
+    {"algorithm": "sync_easgd"},
+  ),
+  "outer.deadline": (lambda v: _number(v) and v >= 0, {"algorithm": "sync_easgd"}),
   "pipeline.models": (integer_at_least(1), {"algorithm": "pipeline"}),
   "pipeline.stage_steps": (integer_at_least(1), {"algorithm": "pipeline"}),
   "cluster.compute_time": (finite_at_least(0, inclusive=False), {}),
@@ -361,13 +368,46 @@ def test_a_tool_overwrites_only_a_file_it_wrote(tmp_path, capsys, content, refus
     (arguments.number(0, inclusive=False), "0", "0 is invalid: must be a finite number > 0"),
     (arguments.integer(1), "1.5", "'1.5' is not an integer"),
     (arguments.integer(1), "0", "0 is invalid: must be an integer >= 1"),
+    *(
+      (
+        arguments.file_name(".png"),
+        name,
+        f"{name!r} is invalid: must be a file name ending in .png, without a folder",
+      )
+      for name in ("plot.txt", ".png", "docs/plot.png", "../plot.png")
+    ),
   ],
 )
-def test_every_numeric_argument_is_checked_by_class(parse, text, message):
+def test_every_argument_type_is_checked_by_class(parse, text, message):
   with pytest.raises(argparse.ArgumentTypeError, match=f"^{re.escape(message)}$"):
     parse(text)
 
 
-def test_a_numeric_argument_within_its_bounds_is_its_value():
+def test_an_argument_within_its_bounds_is_its_value():
   assert arguments.number(0, inclusive=False)("0.25") == 0.25
   assert arguments.integer(1)("3") == 3
+  assert arguments.file_name(".png")("quorum.png") == "quorum.png"
+
+
+@pytest.mark.parametrize(
+  ("algorithm", "field", "value"),
+  [
+    *(
+      (name, field, value)
+      for name in sorted(ALGORITHMS)
+      if "outer.quorum" not in hyperparameters.reads(name)
+      for field, value in (("outer.quorum", 0.75), ("outer.missed", "late"))
+    ),
+    ("sync_sgd", "outer.missed", "late"),
+  ],
+)
+def test_a_round_policy_a_rule_cannot_honour_is_refused_in_one_line(algorithm, field, value):
+  """Quorum rounds belong to the synchronous rules whose exchange can close without some
+  workers (the parameter-server rules, the pipeline, the streaming, hierarchical and
+  gossip rules have none); sync_sgd's shared x cannot take a gradient late."""
+  quorum = {"outer.quorum": 0.75} if algorithm == "sync_sgd" else {}
+  config = config_with({**ALGORITHMS[algorithm], **quorum, field: value})
+  with pytest.raises(ConfigError) as error:
+    validation.validate(config)
+  said = str(error.value)
+  assert "\n" not in said and said.startswith(f"config.{field}={value!r} is invalid"), said

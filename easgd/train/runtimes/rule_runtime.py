@@ -97,6 +97,9 @@ class _TickTotals:
     if self._servers:  # two-tier servers: what they sent each other, on each link
       values["comm/server_bytes_inside_groups"] = float(clock.server_bytes[0])
       values["comm/server_bytes_between_groups"] = float(clock.server_bytes[1])
+    round_totals = getattr(clock, "round_totals", None)
+    if round_totals is not None:  # rounds at a quorum (easgd.sim.rounds)
+      values.update(round_totals.scalars())
     peak = clock.peak_bytes_per_step()
     if peak is not None:
       values["comm/peak_bytes_per_step"] = float(peak)

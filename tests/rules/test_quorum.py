@@ -1,0 +1,226 @@
+"""Rounds at a quorum (easgd.sim.rounds, easgd.rules.quorum): the rules' exchanges with a
+round's membership given, run sharded over the mesh, against plain NumPy written from
+docs/algorithms.md ("Rounds at a quorum") step by step, and the identities the
+equations imply."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_rules import ALPHA, ETA, assert_close, loss_fn, make_problem, per_worker
+
+import numpy_optim
+from easgd import rules, steps
+from easgd.infra import sharding
+from easgd.sim import rounds, ticks
+from least_squares import numpy_grad
+from runs import assert_stopped_and_resumed_ends_as_never_stopped, config_with
+
+TAU, WORKERS = 2, 8
+# Each round's (members, late, dropped) over the 7 steps' 3 rounds: two missing, then
+# one, then none; the first member is not worker 0 in the second round.
+MEMBERSHIPS = [
+  ({0, 1, 2, 3, 4, 5}, {6, 7}),
+  ({1, 2, 3, 4, 5, 6, 7}, {0}),
+  (set(range(WORKERS)), set()),
+]
+
+
+def membership(missed: str, always_out: int | None = None):
+  """[(members, late, dropped)] of the rounds: MEMBERSHIPS, or every worker but
+  `always_out` in every round."""
+  if always_out is not None:
+    pattern = [(set(range(WORKERS)) - {always_out}, {always_out})] * len(MEMBERSHIPS)
+  else:
+    pattern = MEMBERSHIPS
+  return [
+    (members, out if missed == "late" else set(), out if missed == "drop" else set())
+    for members, out in pattern
+  ]
+
+
+def as_round(members, late, dropped, held, num_workers=WORKERS) -> rounds.Round:
+  def mask(workers):
+    return np.isin(np.arange(num_workers), sorted(workers))
+
+  return rounds.Round(mask(members), mask(late), mask(dropped), mask(held), saved=0.0)
+
+
+def run_in_rounds(name, hyper, x0, batches, memberships, num_devices=2):
+  """The rule's compiled step, each exchange step's tick carrying its round."""
+  mesh = sharding.make_mesh(num_devices)
+  rule = rules.make_rule(name, hyper)
+  params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x0)
+  state = steps.init_state(rule, params, jax.random.PRNGKey(0), mesh)
+  step = steps.build_rule_step(rule, loss_fn, mesh, state)
+  history, held, schedule = [], set(), iter(memberships)
+  for t, batch in enumerate(batches):
+    tick = ticks.Tick.empty(hyper.num_workers)
+    if rule.round_policy is not None and (t + 1) % hyper.comm_period == 0:
+      members, late, dropped = next(schedule)
+      tick.round = as_round(members, late, dropped, held, hyper.num_workers)
+      held = late
+    inputs = rule.tick_inputs(tick)
+    state, _ = step(state, jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), batch), inputs)
+    history.append(jax.device_get(state))
+  return history
+
+
+def hyper(missed="drop", world_size="dynamic", **values):
+  base = dict(
+    num_workers=WORKERS,
+    learning_rate=ETA,
+    comm_period=TAU,
+    moving_rate=ALPHA,
+    quorum=0.5,
+    missed=missed,
+    world_size=world_size,
+  )
+  return rules.Hyper(**{**base, **values})
+
+
+def assert_follows(actual, expected):
+  for state, (workers, center) in zip(actual, expected, strict=True):
+    assert_close(state.center, center)
+    for i, values in enumerate(workers):
+      assert_close(jax.tree.map(lambda a, i=i: a[i], state.workers), values)
+
+
+ADAMW = dict(optimizer="adamw", learning_rate=0.01, weight_decay=0.1)
+# name -> (hyper-parameters, NumPy inner optimizer, pull, NumPy outer optimizer, alpha).
+CASES = {
+  # Momentum inside: a dropped worker's heal takes a member's velocity.
+  "sync_easgd": (
+    dict(momentum=0.9),
+    lambda: numpy_optim.sgd(ETA, mu=0.9),
+    "elastic",
+    lambda: numpy_optim.sgd(WORKERS * ALPHA),
+    ALPHA,
+  ),
+  # AdamW inside (its moments and count healed), outer Nesterov SGD.
+  "diloco": (
+    dict(**ADAMW, outer_learning_rate=0.7, outer_momentum=0.9, outer_nesterov=True),
+    lambda: numpy_optim.Optimizer("adamw", numpy_optim.constant(0.01), wd=0.1),
+    "reset",
+    lambda: numpy_optim.sgd(0.7, mu=0.9, nesterov=True),
+    0.0,
+  ),
+}
+
+
+@pytest.mark.parametrize("missed", rounds.MISSED)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rounds_follow_their_equations(name, missed):
+  values, inner, pull, outer, alpha = CASES[name]
+  x0, batches = make_problem(num_workers=WORKERS)
+  schedule = membership(missed)
+  actual = run_in_rounds(name, hyper(missed, **values), x0, batches, schedule)
+  expected = numpy_optim.center_family_in_rounds(
+    x0, [per_worker(b) for b in batches], numpy_grad, inner(), TAU, pull, outer(), schedule, alpha
+  )
+  assert_follows(actual, expected)
+
+
+def test_a_fixed_world_size_divides_by_the_workers():
+  values, inner, pull, outer, alpha = CASES["diloco"]
+  x0, batches = make_problem(num_workers=WORKERS)
+  schedule = membership("late")
+  settings = hyper("late", "fixed", **values)
+  actual = run_in_rounds("diloco", settings, x0, batches, schedule)
+  expected = numpy_optim.center_family_in_rounds(
+    x0,
+    [per_worker(b) for b in batches],
+    numpy_grad,
+    inner(),
+    TAU,
+    pull,
+    outer(),
+    schedule,
+    0.0,
+    True,
+  )
+  assert_follows(actual, expected)
+
+
+@pytest.mark.parametrize("name", ["sync_easgd", "diloco"])
+def test_a_round_of_every_worker_is_the_rule_bitwise(name):
+  """A quorum whose rounds all take every worker (a deadline past every arrival) trains
+  the rule's own bits."""
+  values = CASES[name][0]
+  x0, batches = make_problem(num_workers=WORKERS)
+  everyone = [(set(range(WORKERS)), set(), set())] * len(MEMBERSHIPS)
+  in_rounds = run_in_rounds(name, hyper(**values), x0, batches, everyone)
+  plain = run_in_rounds(name, hyper(quorum=1.0, **values), x0, batches, everyone)
+  for a, b in zip(in_rounds, plain, strict=True):
+    for key in x0:
+      np.testing.assert_array_equal(a.center[key], b.center[key])
+      np.testing.assert_array_equal(a.workers[key], b.workers[key])
+
+
+@pytest.mark.parametrize(
+  "name,world_size", [("diloco", "dynamic"), ("sync_easgd", "fixed"), ("sync_sgd", "dynamic")]
+)
+def test_drop_with_one_worker_always_out_is_the_rule_on_the_others(name, world_size):
+  """DiLoCo (a mean) at its contributions, EASGD (a sum of elastic forces) at the fixed
+  world size, sync_sgd's gradient mean: the rule on P - 1 workers, the one out reset
+  to the center each round."""
+  values = CASES.get(name, (dict(momentum=0.9),))[0]
+  x0, batches = make_problem(num_workers=WORKERS)
+  period = 1 if name == "sync_sgd" else TAU
+  out = 3
+  schedule = membership("drop", always_out=out) * (len(batches) // len(MEMBERSHIPS) + 1)
+  settings = hyper("drop", world_size, comm_period=period, **values)
+  actual = run_in_rounds(name, settings, x0, batches, schedule[: len(batches) // period])
+  others = [{k: np.delete(v, out, axis=0) for k, v in b.items()} for b in batches]
+  fewer = hyper(quorum=1.0, num_workers=WORKERS - 1, comm_period=period, **values)
+  expected = run_in_rounds(name, fewer, x0, others, [], num_devices=1)
+  for t, (a, b) in enumerate(zip(actual, expected, strict=True)):
+    assert_close(a.center, {k: np.asarray(v) for k, v in b.center.items()})
+    if name == "sync_sgd":
+      continue
+    kept = {k: np.delete(v, out, axis=0) for k, v in a.workers.items()}
+    assert_close(kept, b.workers)
+    if (t + 1) % period == 0:
+      assert_close({k: v[out] for k, v in a.workers.items()}, a.center)
+
+
+@pytest.mark.e2e
+def test_a_run_at_a_quorum_with_stragglers_trains_and_logs_its_rounds(tmp_path):
+  """sync_easgd at 6 of 8 workers, one 2x and one 4x straggler: it reaches the default
+  band and logs what its rounds did."""
+  from easgd.train import trainer  # noqa: PLC0415 (after conftest has set the devices)
+
+  overrides = {
+    "algorithm": "sync_easgd",
+    "outer.quorum": 6,
+    "cluster.stragglers": (6, 7),
+    "cluster.straggler_slowdowns": (2.0, 4.0),
+    "run.total_steps": 50,
+    "run.eval_every": 0,
+    "run.checkpoint_every": 0,
+  }
+  result = trainer.train_and_evaluate(config_with(overrides), str(tmp_path))
+  metrics = result.metrics
+  assert metrics["eval/center_accuracy"] >= 0.7
+  rounds_run = 50 // 4
+  # The two stragglers miss every round (4x and 2x the others' time at jitter 0.1).
+  assert metrics["rounds/contributions_per_round"] == 6
+  assert metrics["rounds/dropped"] == 2 * rounds_run
+  assert metrics["rounds/work_lost_steps"] == 2 * rounds_run * 4
+  assert metrics["rounds/wait_saved_seconds"] > 0
+
+
+@pytest.mark.e2e
+def test_a_run_with_late_rounds_resumes_bit_for_bit(tmp_path):
+  """Stopped after step 22, whose round left late messages held for the next: they and
+  the clock's rounds are in the checkpoint."""
+  overrides = {
+    "outer.moving_rate": 0.0,
+    "outer.quorum": 0.5,
+    "outer.missed": "late",
+    "outer.deadline": 0.005,
+    "cluster.stragglers": (2, 3),
+    "run.checkpoint_every": 22,
+    "outer.comm_period": 2,
+  }
+  assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "diloco", overrides, stop=22)

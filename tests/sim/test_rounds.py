@@ -1,0 +1,133 @@
+"""Rounds at a quorum in the timing model (easgd.sim.rounds): when a round closes, who
+is in it, what the workers' clocks do after it, and its state across a resume."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from easgd.sim import clocks, rounds, timing
+
+MODEL_BYTES = 1000
+WORKERS, PERIOD = 6, 2
+# Worker 4 twice and worker 5 four times slower than the rest, with jitter.
+CLUSTER = timing.Cluster(
+  compute_time=1.0,
+  jitter=0.3,
+  stragglers=(4, 5),
+  straggler_slowdowns=(2.0, 4.0),
+  latency=0.01,
+  bandwidth=1e5,
+)
+
+
+def torchft_close(arrivals, count, deadline):
+  """The first time at which torchft's lighthouse would form the quorum: at least
+  `count` joined, and everyone joined or `deadline` passed since the first join."""
+  first = min(arrivals)
+  candidates = sorted([*arrivals, first + deadline])
+  for time in candidates:
+    joined = sum(a <= time for a in arrivals)
+    if joined >= count and (joined == len(arrivals) or time >= first + deadline):
+      return time
+  raise AssertionError("never closes")
+
+
+@pytest.mark.parametrize("count", [1, 3, 5, 6])
+@pytest.mark.parametrize("deadline", [0.0, 0.4, 2.0, math.inf])
+def test_a_round_closes_when_torchfts_quorum_would_form(count, deadline):
+  rng = np.random.default_rng(count)
+  for _ in range(20):
+    arrivals = rng.exponential(1.0, WORKERS)
+    policy = rounds.Policy(count, deadline, "drop")
+    assert policy.closing_time(arrivals) == torchft_close(arrivals.tolist(), count, deadline)
+
+
+@pytest.mark.parametrize(("quorum", "count"), [(0.5, 3), (0.51, 4), (1.0, 6), (4.0, 4), (0.01, 1)])
+def test_a_quorum_is_a_fraction_rounded_up_or_a_count(quorum, count):
+  assert rounds.quorum_count(quorum, WORKERS) == count
+
+
+def clock(deadline, missed, count=4):
+  return clocks.SyncClock(
+    CLUSTER,
+    WORKERS,
+    MODEL_BYTES,
+    seed=0,
+    period=PERIOD,
+    policy=rounds.Policy(count, deadline, missed),
+  )
+
+
+def test_a_deadline_past_every_arrival_is_waiting_for_all():
+  waiting = clocks.SyncClock(CLUSTER, WORKERS, MODEL_BYTES, seed=0, period=PERIOD)
+  at_quorum = clock(math.inf, "drop")
+  for _ in range(12):
+    tick, plain = at_quorum.next_tick(), waiting.next_tick()
+    assert tick.time == plain.time
+    np.testing.assert_array_equal(tick.bytes_sent, plain.bytes_sent)
+    assert tick.round is None or tick.round.members.all()
+  assert at_quorum.round_totals.values["dropped"] == 0
+
+
+def test_a_dropped_worker_abandons_its_steps_at_the_close():
+  at_quorum = clock(0.0, "drop")
+  means = CLUSTER.mean_step_times(WORKERS)
+  seconds = CLUSTER.allreduce_time(MODEL_BYTES, WORKERS)
+  times = np.zeros(WORKERS)
+  lost = 0
+  for step in range(20):
+    tick = at_quorum.next_tick()
+    times += [CLUSTER.step_time(means[i], 0, i, step) for i in range(WORKERS)]
+    if (step + 1) % PERIOD:
+      assert tick.round is None
+      continue
+    close = np.sort(times)[3]
+    np.testing.assert_array_equal(tick.round.members, times <= close)
+    np.testing.assert_array_equal(tick.round.dropped, times > close)
+    assert not tick.round.late.any() and not tick.round.held.any()
+    assert tick.round.saved == pytest.approx(times.max() - close)
+    # The dropped send nothing.
+    assert (tick.requests == tick.round.members).all()
+    lost += PERIOD * int((times > close).sum())
+    times[:] = close + seconds
+    assert tick.time == pytest.approx(close + seconds)
+  assert at_quorum.round_totals.values["lost_steps"] == lost > 0
+
+
+def test_a_late_message_enters_the_next_round_which_waits_for_it():
+  at_quorum = clock(0.0, "late")
+  means = CLUSTER.mean_step_times(WORKERS)
+  seconds = CLUSTER.allreduce_time(MODEL_BYTES, WORKERS)
+  times = np.zeros(WORKERS)
+  late, late_until = np.zeros(WORKERS, bool), -math.inf
+  for step in range(20):
+    tick = at_quorum.next_tick()
+    times += [CLUSTER.step_time(means[i], 0, i, step) for i in range(WORKERS)]
+    if (step + 1) % PERIOD:
+      continue
+    close = max(np.sort(times)[3], late_until)
+    np.testing.assert_array_equal(tick.round.held, late)
+    np.testing.assert_array_equal(tick.round.members, times <= close)
+    np.testing.assert_array_equal(tick.round.late, times > close)
+    assert not tick.round.dropped.any()
+    # Late workers send too, when they arrive.
+    assert tick.requests.all()
+    late = times > close
+    late_until = times[late].max() if late.any() else -math.inf
+    times = np.where(late, times + seconds, close + seconds)
+    assert tick.time == pytest.approx(times.max())
+  assert at_quorum.round_totals.values["late"] > 0
+
+
+@pytest.mark.parametrize("missed", rounds.MISSED)
+def test_a_clock_resumed_from_its_state_goes_on_as_never_stopped(missed):
+  running = clock(0.2, missed)
+  for _ in range(7):
+    running.next_tick()
+  resumed = clock(0.2, missed)
+  resumed.load_state_dict(json.loads(json.dumps(running.state_dict())))
+  for _ in range(9):
+    assert resumed.next_tick().to_dict() == running.next_tick().to_dict()
+  assert resumed.round_totals.scalars() == running.round_totals.scalars()
