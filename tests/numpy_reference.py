@@ -624,3 +624,42 @@ def pipeline_sgd(
           params[name] = value - learning_rate[m] * step
     final.append(params)
   return final
+
+
+def post_local_in_rounds(x0, batches, grad, inner, switch, period, memberships):
+  """Post-local SGD whose rounds close at a quorum; [(workers, center)] after each step.
+  memberships[r]: the members of the r-th round (every step before the switch, then
+  steps switch, switch + period, ...); the others are dropped.
+
+  t < switch: g = mean_{i in M} g_i(x), one shared step. t >= switch: each worker steps
+  with its own state; at a round the center is mean_{i in M} x_i, every worker takes
+  it, and a dropped worker also the optimizer state of the lowest-numbered member."""
+  num_workers = len(batches[0])
+  model, shared = dict(x0), inner.init(x0)
+  workers, states = None, None
+  rounds = iter(memberships)
+  history = []
+  for t, step_batches in enumerate(batches):
+    if t < switch:
+      members = sorted(next(rounds))
+      g = _mean([grad(model, step_batches[i]) for i in members])
+      update, shared = inner.update(g, shared, model)
+      model = _add(model, update)
+      history.append(([dict(model) for _ in range(num_workers)], dict(model)))
+      continue
+    if workers is None:
+      workers = [dict(model) for _ in range(num_workers)]
+      states = [copy.deepcopy(shared) for _ in range(num_workers)]
+      center = dict(model)
+    for i, b in enumerate(step_batches):
+      update, states[i] = inner.update(grad(workers[i], b), states[i], workers[i])
+      workers[i] = _add(workers[i], update)
+    if (t - switch) % period == 0:
+      members = sorted(next(rounds))
+      center = _mean([workers[i] for i in members])
+      workers = [dict(center) for _ in range(num_workers)]
+      states = [
+        s if i in members else copy.deepcopy(states[members[0]]) for i, s in enumerate(states)
+      ]
+    history.append(([dict(w) for w in workers], dict(center)))
+  return history

@@ -151,6 +151,8 @@ class HierarchicalLocalSGD(PostLocalSGD):
   name = "hierarchical_local_sgd"
   declares = (LEVELS,)
   reads = (*BASE_READS, model_state.BATCH_STATS.path, SWITCH_STEP.path, LEVELS.path)
+  # Its levels' rounds wait for every worker.
+  missed = ()
   # No warm-up (PyTorch's default), not post_local_sgd's 50 steps; the levels' default
   # (pairs every 4 steps, all the workers every 16) is the field's.
   defaults = types.MappingProxyType({})
@@ -194,14 +196,14 @@ class HierarchicalLocalSGD(PostLocalSGD):
     switch = self.hyper.switch_step
     return (step < switch) | ((step >= switch) & ((step - switch) % self.period == 0))
 
-  def _averaged(self, step, stepped, center, as_workers, average_stats):
+  def _averaged(self, step, stepped, center, as_workers, average_stats, tick):
     """The largest level due averages its blocks; the top level is post_local_sgd's."""
     levels = self.pairs
     level = sum(k * fires for k, fires in enumerate(self.level_exchanges(step)))
 
     def top():
       return super(HierarchicalLocalSGD, self)._averaged(
-        step, stepped, center, as_workers, average_stats
+        step, stepped, center, as_workers, average_stats, tick
       )
 
     def blocks(size):

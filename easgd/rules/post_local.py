@@ -40,11 +40,12 @@ from jax import lax
 
 from easgd.declare import Field, Shapes, integer
 from easgd.errors import require
-from easgd.rules import model_state, optimizers
+from easgd.rules import model_state, optimizers, quorum
 from easgd.rules.base import BASE_READS, COMM_PERIOD, Momentum, Pull, Rule
 from easgd.rules.optimizers import step_metrics
 from easgd.rules.spmd import AXIS, map_workers, mean_over_workers
 from easgd.rules.state import initial_state, stack_workers
+from easgd.sim import rounds
 
 SWITCH_STEP = Field(
   "outer.switch_step",
@@ -68,9 +69,21 @@ class PostLocalSGD(Rule):
   # The paper's and PyTorch's exchanges are float32.
   exchange_dtypes = ("float32",)
   declares = (SWITCH_STEP,)
-  reads = (*BASE_READS, COMM_PERIOD.path, model_state.BATCH_STATS.path, SWITCH_STEP.path)
+  reads = (
+    *BASE_READS,
+    COMM_PERIOD.path,
+    model_state.BATCH_STATS.path,
+    SWITCH_STEP.path,
+    *rounds.READS,
+  )
   # Averaging resets the workers to the center.
   pulls = (Pull.RESET,)
+  # Its rounds at a quorum: before t0 sync_sgd's (a gradient cannot be late on the
+  # shared x), then local_sgd's without late messages.
+  missed = ("drop",)
+  missed_reason = (
+    "before t0 its workers share one x, on which a gradient taken in later is a stale one"
+  )
   # With t0 = 0 it would be Local SGD from the start: a switch inside every run of
   # 100 steps or more (the paper switches at its first learning-rate decay; the
   # default schedule is constant, so where is a choice).
@@ -103,12 +116,16 @@ class PostLocalSGD(Rule):
     worker_opt = {"inner": optimizers.init_workers(self.inner, workers)}
     return initial_state(rng, params, center_opt, workers, worker_opt, self.hyper.num_workers)
 
-  def _mean(self, tree):
-    """(1/P) sum_i tree_i: one all-reduce."""
-    return mean_over_workers(tree, self.hyper.num_workers, self.hyper.deterministic_sums)
+  def _mean(self, tree, tick):
+    """(1/P) sum_i tree_i: one all-reduce; at a quorum the mean over the round's
+    members (easgd.rules.quorum)."""
+    if self.round_policy is None:
+      return mean_over_workers(tree, self.hyper.num_workers, self.hyper.deterministic_sums)
+    count = jax.tree.leaves(tree)[0].shape[0]
+    total = quorum.total(tree, None, tick, count, self.hyper.deterministic_sums)
+    return jax.tree.map(lambda leaf: leaf / self.hyper.num_workers, total)
 
   def step(self, state, batch, loss_fn, tick):
-    del tick
     count = state.worker_steps.shape[0]
     (loss, aux), grads = map_workers(
       jax.value_and_grad(loss_fn, has_aux=True), state.workers, batch
@@ -120,14 +137,15 @@ class PostLocalSGD(Rule):
       return lax.pcast(stack_workers(tree, count), AXIS, to="varying")
 
     def mini_batch():
-      mean = self._mean(model_state.trainable(grads))
+      mean = self._mean(model_state.trainable(grads), tick)
       params = model_state.trainable(state.center)
       updates, center_opt = self.inner.update(mean, state.center_opt, params)
       center = model_state.with_trainable(state.center, optax.apply_updates(params, updates))
       workers = as_workers(center)
       if model_state.has_stats(center):
         if average_stats:
-          center = dict(center, **{model_state.STATS: self._mean(aux[model_state.STATS])})
+          stats = self._mean(aux[model_state.STATS], tick)
+          center = dict(center, **{model_state.STATS: stats})
           workers = as_workers(center)
         else:
           workers = dict(workers, **{model_state.STATS: aux[model_state.STATS]})
@@ -143,10 +161,20 @@ class PostLocalSGD(Rule):
         model_state.with_trainable(grads, updates), state.workers, aux
       )
       stepped = jax.tree.map(jnp.add, state.workers, updates)
-      workers, center = lax.cond(
-        self.exchanges_after(state.step),
-        lambda: self._averaged(state.step, stepped, state.center, as_workers, average_stats),
-        lambda: (stepped, state.center),
+
+      def averaged():
+        workers, center = self._averaged(
+          state.step, stepped, state.center, as_workers, average_stats, tick
+        )
+        if self.round_policy is None:
+          return workers, center, inner
+        # A dropped worker takes a member's optimizer state; its model is the
+        # average, as every worker's.
+        _, healed = quorum.heal(workers, workers, inner, tick, count)
+        return workers, center, healed
+
+      workers, center, inner = lax.cond(
+        self.exchanges_after(state.step), averaged, lambda: (stepped, state.center, inner)
       )
       return workers, inner, center, state.center_opt
 
@@ -164,12 +192,13 @@ class PostLocalSGD(Rule):
     learning_rate = self.learning_rate(state.worker_steps)
     return new_state, step_metrics(loss, aux, self.hyper, learning_rate)
 
-  def _averaged(self, step, stepped, center, as_workers, average_stats):
+  def _averaged(self, step, stepped, center, as_workers, average_stats, tick):
     """(workers, center) after the average that ends step `step` of the local phase:
-    every worker's model (with its statistics, if averaged) set to the mean of all,
-    which the center becomes. `as_workers`: this device's rows of a replicated value."""
+    every worker's model (with its statistics, if averaged) set to the mean of all (at
+    a quorum, of the round's members: `tick`), which the center becomes. `as_workers`:
+    this device's rows of a replicated value."""
     del step  # one level: every average is over all the workers
-    mean = self._mean(stepped if average_stats else model_state.trainable(stepped))
+    mean = self._mean(stepped if average_stats else model_state.trainable(stepped), tick)
     center = mean if average_stats else model_state.with_trainable(center, mean)
     workers = as_workers(center)
     if model_state.has_stats(center) and not average_stats:

@@ -10,6 +10,7 @@ import pytest
 from test_rules import ALPHA, ETA, assert_close, loss_fn, make_problem, per_worker
 
 import numpy_optim
+import numpy_reference
 from easgd import rules, steps
 from easgd.infra import sharding
 from easgd.sim import rounds, ticks
@@ -56,7 +57,7 @@ def run_in_rounds(name, hyper, x0, batches, memberships, num_devices=2):
   history, held, schedule = [], set(), iter(memberships)
   for t, batch in enumerate(batches):
     tick = ticks.Tick.empty(hyper.num_workers)
-    if rule.round_policy is not None and (t + 1) % hyper.comm_period == 0:
+    if rule.round_policy is not None and rule.exchanges_after(t):
       members, late, dropped = next(schedule)
       tick.round = as_round(members, late, dropped, held, hyper.num_workers)
       held = late
@@ -182,6 +183,27 @@ def test_drop_with_one_worker_always_out_is_the_rule_on_the_others(name, world_s
     assert_close(kept, b.workers)
     if (t + 1) % period == 0:
       assert_close({k: v[out] for k, v in a.workers.items()}, a.center)
+
+
+def test_post_local_sgd_drops_in_its_gradient_rounds_and_its_averages():
+  """Before t0 a round is sync_sgd's, after it local_sgd's with a member's optimizer
+  state for the dropped (momentum: their velocity healed)."""
+  x0, batches = make_problem(num_workers=WORKERS)
+  switch, period = 3, 2
+  members = [m for m, _ in MEMBERSHIPS]
+  schedule = [(m, set(), set(range(WORKERS)) - m) for m in (members * 2)[:5]]
+  settings = hyper(momentum=0.9, switch_step=switch, comm_period=period)
+  actual = run_in_rounds("post_local_sgd", settings, x0, batches, schedule)
+  expected = numpy_reference.post_local_in_rounds(
+    x0,
+    [per_worker(b) for b in batches],
+    numpy_grad,
+    numpy_optim.sgd(ETA, mu=0.9),
+    switch,
+    period,
+    [m for m, _, _ in schedule],
+  )
+  assert_follows(actual, expected)
 
 
 @pytest.mark.e2e
