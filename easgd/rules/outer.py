@@ -60,9 +60,6 @@ from easgd.rules.spmd import AXIS, exchange_key, local_workers, sum_over_workers
 from easgd.rules.state import initial_state, stack_workers
 from easgd.sim import rounds
 
-# The center family's members that close their rounds at a quorum (easgd.sim.rounds).
-ROUND_MISSED = ("drop", "late")
-
 # The center's outer optimizer and the choice of pull.
 PULL = Field(
   "outer.pull",
@@ -313,7 +310,7 @@ class SyncEASGD(CenterRule):
   name = "sync_easgd"
   elastic = True
   pulls = (Pull.ELASTIC,)
-  missed = ROUND_MISSED
+  missed = rounds.MISSED
   reads = (*BASE_READS, *ELASTIC_READS, exchange.ERROR_FEEDBACK.path, *rounds.READS)
 
   def outer_settings(self):
@@ -351,7 +348,7 @@ class DiLoCo(CenterRule):
 
   name = "diloco"
   pulls = (Pull.RESET, Pull.ELASTIC)
-  missed = ROUND_MISSED
+  missed = rounds.MISSED
   reads = (
     *BASE_READS,
     *ELASTIC_READS,
@@ -368,7 +365,7 @@ class LocalSGD(CenterRule):
 
   name = "local_sgd"
   pulls = (Pull.RESET,)
-  missed = ROUND_MISSED
+  missed = rounds.MISSED
   reads = (
     *BASE_READS,
     COMM_PERIOD.path,
@@ -390,7 +387,7 @@ class Lookahead(CenterRule):
 
   name = "lookahead"
   pulls = (Pull.RESET,)
-  missed = ROUND_MISSED
+  missed = rounds.MISSED
   reads = (
     *BASE_READS,
     COMM_PERIOD.path,

@@ -99,6 +99,13 @@ class PostLocalSGD(Rule):
       f"must be below run.total_steps={total}: a run that never switches is sync_sgd "
       "(its mini-batch SGD on P copies of the model)",
     )
+    require(
+      rounds.WORLD_SIZE.of(config) == "dynamic",
+      rounds.WORLD_SIZE,
+      rounds.WORLD_SIZE.of(config),
+      "post_local_sgd takes dynamic: after t0 it averages the models themselves, which an "
+      "absent worker counted as zero would shrink",
+    )
 
   @property
   def period(self):
@@ -121,9 +128,7 @@ class PostLocalSGD(Rule):
     members (easgd.rules.quorum)."""
     if self.round_policy is None:
       return mean_over_workers(tree, self.hyper.num_workers, self.hyper.deterministic_sums)
-    count = jax.tree.leaves(tree)[0].shape[0]
-    total = quorum.total(tree, None, tick, count, self.hyper.deterministic_sums)
-    return jax.tree.map(lambda leaf: leaf / self.hyper.num_workers, total)
+    return quorum.mean(tree, tick, self.hyper.num_workers, self.hyper.deterministic_sums)
 
   def step(self, state, batch, loss_fn, tick):
     count = state.worker_steps.shape[0]

@@ -24,7 +24,7 @@ from jax import lax
 from easgd.rules.spmd import AXIS, local_workers, sum_over_workers
 from easgd.sim import rounds
 
-# The arrays of a tick under a round policy, each [P] but the last three.
+# The [P] arrays of a tick under a round policy (beside the scalars "scale" and "first").
 MASKS = ("members", "late", "dropped", "held")
 
 
@@ -57,10 +57,12 @@ def rows(tick, key: str, count: int) -> jax.Array:
 
 
 def times(tree, weights: jax.Array):
-  """Each local worker's rows of `tree` times its weight."""
+  """Each local worker's rows of `tree` times its weight; a row of weight 0 is 0, even
+  where the row is not finite (a dropped worker's message does not reach the sum)."""
 
   def one(leaf):
-    return leaf * weights.reshape((-1,) + (1,) * (leaf.ndim - 1)).astype(leaf.dtype)
+    shaped = weights.reshape((-1,) + (1,) * (leaf.ndim - 1)).astype(leaf.dtype)
+    return jnp.where(shaped != 0, leaf * shaped, jnp.zeros_like(leaf))
 
   return jax.tree.map(one, tree)
 
@@ -84,6 +86,14 @@ def total(sent, held, tick, count: int, in_worker_order: bool):
   return jax.tree.map(lambda leaf: leaf * tick["scale"], summed)
 
 
+def mean(tree, tick, num_workers: int, in_worker_order: bool):
+  """S / P: the round's mean over its members' rows of `tree` (dynamic; under a fixed
+  world size its sum over P)."""
+  count = jax.tree.leaves(tree)[0].shape[0]
+  summed = total(tree, None, tick, count, in_worker_order)
+  return jax.tree.map(lambda leaf: leaf / num_workers, summed)
+
+
 def hold(sent, tick, count: int):
   """The messages this round's late workers hold for the next round (0 for the others)."""
   return times(sent, rows(tick, "late", count))
@@ -95,7 +105,7 @@ def from_first_member(tree, tick, count: int):
 
   def one(leaf):
     picked = jnp.where(mine.reshape((-1,) + (1,) * (leaf.ndim - 1)), leaf, jnp.zeros_like(leaf))
-    row = lax.psum(picked.sum(axis=0), AXIS)
+    row = lax.psum(picked.sum(axis=0, dtype=leaf.dtype), AXIS)
     return jnp.broadcast_to(row, leaf.shape)
 
   return jax.tree.map(one, tree)

@@ -63,9 +63,7 @@ class SyncSGD(Rule):
     def mean(tree):
       if self.round_policy is None:
         return mean_over_workers(tree, self.hyper.num_workers, self.hyper.deterministic_sums)
-      count = state.worker_steps.shape[0]
-      total = quorum.total(tree, None, tick, count, self.hyper.deterministic_sums)
-      return jax.tree.map(lambda leaf: leaf / self.hyper.num_workers, total)
+      return quorum.mean(tree, tick, self.hyper.num_workers, self.hyper.deterministic_sums)
 
     params = model_state.trainable(state.center)
     sent = exchange.compress_workers(

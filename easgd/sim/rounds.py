@@ -31,9 +31,11 @@ of them:
         a worker's next local steps start from this round's result.
 
 The round's average is over its contributions, never over absent zeros
-(torchft's `WorldSizeMode.DYNAMIC`); `outer.world_size=fixed` divides by the
-workers instead, the absent ones counting as zeros (torchft's fixed world
-size). The equations of each rule under each policy are docs/algorithms.md's.
+(torchft's `WorldSizeMode.DYNAMIC`); `outer.world_size=fixed` divides by the P
+workers instead, the absent ones' messages (differences, gradients) counting
+as zeros: a world size fixed at P, where torchft's `FIXED_WITH_SPARES` fixes it
+at min_replicas and zeroes the gradients of the replicas beyond them. The
+equations of each rule under each policy are docs/algorithms.md's.
 
 The round's all-reduce takes the time it takes over every worker (the
 timing model's, easgd.sim.timing): after it a member or a dropped worker
@@ -109,7 +111,7 @@ WORLD_SIZE = Field(
   "dynamic",
   one_of(WORLD_SIZES),
   "what a round's sum is divided by: dynamic (its contributions) or fixed (the workers, the "
-  "absent counting as zeros: torchft's fixed world size)",
+  "absent ones' messages counting as zeros)",
   Shapes.IF_READ,
   earlier="dynamic",
   setting="world_size",

@@ -399,13 +399,17 @@ def test_an_argument_within_its_bounds_is_its_value():
       for field, value in (("outer.quorum", 0.75), ("outer.missed", "late"))
     ),
     ("sync_sgd", "outer.missed", "late"),
+    ("post_local_sgd", "outer.missed", "late"),
+    ("post_local_sgd", "outer.world_size", "fixed"),
   ],
 )
 def test_a_round_policy_a_rule_cannot_honour_is_refused_in_one_line(algorithm, field, value):
   """Quorum rounds belong to the synchronous rules whose exchange can close without some
   workers (the parameter-server rules, the pipeline, the streaming, hierarchical and
-  gossip rules have none); sync_sgd's shared x cannot take a gradient late."""
-  quorum = {"outer.quorum": 0.75} if algorithm == "sync_sgd" else {}
+  gossip rules have none); sync_sgd's and post_local_sgd's shared x cannot take a
+  gradient late, and post_local_sgd's average of models no absent zeros."""
+  takes = "outer.quorum" in hyperparameters.reads(algorithm)
+  quorum = {"outer.quorum": 0.75} if takes else {}
   config = config_with({**ALGORITHMS[algorithm], **quorum, field: value})
   with pytest.raises(ConfigError) as error:
     validation.validate(config)

@@ -11,15 +11,15 @@ from test_rules import ALPHA, ETA, assert_close, loss_fn, make_problem, per_work
 
 import numpy_optim
 import numpy_reference
-from easgd import rules, steps
+from easgd import assembly, rules, steps
 from easgd.infra import sharding
-from easgd.sim import rounds, ticks
+from easgd.sim import rounds, ticks, timing
 from least_squares import numpy_grad
-from runs import assert_stopped_and_resumed_ends_as_never_stopped, config_with
+from runs import assert_stopped_and_resumed_ends_as_never_stopped, config_with, small_config
 
 TAU, WORKERS = 2, 8
-# Each round's (members, late, dropped) over the 7 steps' 3 rounds: two missing, then
-# one, then none; the first member is not worker 0 in the second round.
+# Each round's (members, the others) over the 7 steps' 3 rounds: two missing, then one,
+# then none; the first member is not worker 0 in the second round.
 MEMBERSHIPS = [
   ({0, 1, 2, 3, 4, 5}, {6, 7}),
   ({1, 2, 3, 4, 5, 6, 7}, {0}),
@@ -143,19 +143,18 @@ def test_a_fixed_world_size_divides_by_the_workers():
   assert_follows(actual, expected)
 
 
-@pytest.mark.parametrize("name", ["sync_easgd", "diloco"])
+@pytest.mark.parametrize("name", ["sync_sgd", "sync_easgd", "diloco", "post_local_sgd"])
 def test_a_round_of_every_worker_is_the_rule_bitwise(name):
   """A quorum whose rounds all take every worker (a deadline past every arrival) trains
   the rule's own bits."""
-  values = CASES[name][0]
+  values = CASES.get(name, (dict(momentum=0.9, switch_step=3),))[0]
   x0, batches = make_problem(num_workers=WORKERS)
-  everyone = [(set(range(WORKERS)), set(), set())] * len(MEMBERSHIPS)
+  everyone = [(set(range(WORKERS)), set(), set())] * len(batches)
   in_rounds = run_in_rounds(name, hyper(**values), x0, batches, everyone)
   plain = run_in_rounds(name, hyper(quorum=1.0, **values), x0, batches, everyone)
   for a, b in zip(in_rounds, plain, strict=True):
-    for key in x0:
-      np.testing.assert_array_equal(a.center[key], b.center[key])
-      np.testing.assert_array_equal(a.workers[key], b.workers[key])
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+      np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.parametrize(
@@ -183,6 +182,20 @@ def test_drop_with_one_worker_always_out_is_the_rule_on_the_others(name, world_s
     assert_close(kept, b.workers)
     if (t + 1) % period == 0:
       assert_close({k: v[out] for k, v in a.workers.items()}, a.center)
+
+
+def test_a_dropped_workers_diverged_steps_do_not_reach_the_round():
+  """Worker 7 steps on NaNs before the first round, which drops it: the center stays
+  finite, and the round heals the worker to it."""
+  x0, batches = make_problem(num_workers=WORKERS)
+  for step in range(TAU):
+    batches[step]["x"][7] = np.nan
+  values = CASES["sync_easgd"][0]
+  history = run_in_rounds("sync_easgd", hyper(**values), x0, batches, membership("drop"))
+  healed = history[TAU - 1]
+  for key in x0:
+    assert np.isfinite(healed.center[key]).all()
+    np.testing.assert_array_equal(healed.workers[key][7], healed.center[key])
 
 
 def test_post_local_sgd_drops_in_its_gradient_rounds_and_its_averages():
@@ -233,11 +246,14 @@ def test_a_run_at_a_quorum_with_stragglers_trains_and_logs_its_rounds(tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_run_with_late_rounds_resumes_bit_for_bit(tmp_path):
-  """Stopped after step 22, whose round left late messages held for the next: they and
-  the clock's rounds are in the checkpoint."""
+def test_a_run_with_late_rounds_and_error_feedback_resumes_bit_for_bit(tmp_path):
+  """Stopped after step 22, whose round left late messages held for the next, with
+  error feedback's residuals from the exchanges before: they and the clock's rounds
+  are in the checkpoint."""
   overrides = {
     "outer.moving_rate": 0.0,
+    "outer.exchange_dtype": "int2",
+    "outer.error_feedback": True,
     "outer.quorum": 0.5,
     "outer.missed": "late",
     "outer.deadline": 0.005,
@@ -245,4 +261,9 @@ def test_a_run_with_late_rounds_resumes_bit_for_bit(tmp_path):
     "run.checkpoint_every": 22,
     "outer.comm_period": 2,
   }
+  config = small_config(overrides, algorithm="diloco")
+  rule = assembly.rule(config)
+  clock = rule.make_clock(timing.Cluster.from_config(config.cluster), 1e4, config.seed)
+  last = [clock.next_tick() for _ in range(22)][-1]
+  assert last.round is not None and last.round.late.any()  # held across the stop
   assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "diloco", overrides, stop=22)
