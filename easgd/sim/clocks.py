@@ -221,7 +221,8 @@ class Clock(RunTotals, abc.ABC):
 class RoundTotals:
   """What a round policy's rounds did so far (easgd.sim.rounds): rounds, contributions
   taken (members, and late messages of the round before), late and dropped workers,
-  local steps lost to drops, and seconds saved against waiting for all."""
+  local steps lost to drops, and the simulated seconds saved against waiting for all
+  (the waiting clock's time after the same steps, less this one's)."""
 
   KEYS = ("rounds", "contributions", "late", "dropped", "lost_steps", "saved")
 
@@ -236,7 +237,6 @@ class RoundTotals:
     values["late"] += int(this_round.late.sum())
     values["dropped"] += int(this_round.dropped.sum())
     values["lost_steps"] += int(this_round.dropped.sum()) * steps
-    values["saved"] += this_round.saved
 
   def scalars(self) -> dict[str, float]:
     """The reports' rounds/ values (totals since step 0, and the mean round's size)."""
@@ -297,6 +297,20 @@ class SyncClock(Clock):
     self._held_until = -math.inf
     self._last_exchange = 0
     self.round_totals = None if policy is None else RoundTotals()
+    # The same cluster's schedule waiting for every worker, beside it (what it saves).
+    self._waiting = None
+    if policy is not None:
+      self._waiting = SyncClock(
+        cluster,
+        num_workers,
+        model_bytes,
+        seed,
+        period,
+        sent_bytes,
+        exchanges_after=exchanges_after,
+        levels=levels,
+        level_exchanges=level_exchanges,
+      )
 
   def _advance(self) -> Tick:
     step = self.steps
@@ -332,6 +346,9 @@ class SyncClock(Clock):
         bytes_between *= sending
     self._apply_arrivals()
     local = np.ones(self.num_workers, bool)
+    if self._waiting is not None:
+      waited = self._waiting.next_tick().time
+      self.round_totals.values["saved"] = waited - float(self._worker_time.max())
     return Tick(
       float(self._worker_time.max()),
       local,
@@ -359,7 +376,6 @@ class SyncClock(Clock):
       late=late,
       dropped=missed & ~late,
       held=self._held,
-      saved=float(arrivals.max() - close),
     )
     self._worker_time[:] = close + seconds
     self._worker_time[late] = arrivals[late] + seconds
@@ -390,6 +406,7 @@ class SyncClock(Clock):
         "held_until": self._held_until,
         "last_exchange": self._last_exchange,
         "totals": self.round_totals.state_dict(),
+        "waiting": self._waiting.state_dict(),
       }
     return state
 
@@ -403,6 +420,7 @@ class SyncClock(Clock):
       self._held_until = float(saved["held_until"])
       self._last_exchange = int(saved["last_exchange"])
       self.round_totals.load_state_dict(saved["totals"])
+      self._waiting.load_state_dict(saved["waiting"])
 
   def peak_bytes_per_step(self) -> float:
     """The most bytes a worker sends in one step: an all-reduce of the model; for a

@@ -40,8 +40,9 @@ equations of each rule under each policy are docs/algorithms.md's.
 The round's all-reduce takes the time it takes over every worker (the
 timing model's, easgd.sim.timing): after it a member or a dropped worker
 starts its next steps at T + that time, a late worker at its own arrival plus
-that time. The time a round saves is a_(P) - T, against waiting for all with
-the same arrivals.
+that time. What the policy saves is measured against a clock of the same
+cluster and seed that waits for every worker: its simulated time after the
+same steps, less this one's.
 """
 
 import dataclasses
@@ -172,13 +173,12 @@ class Policy:
 class Round:
   """One round's membership: bool [P] masks of its members, of the workers late for
   it and of those dropped, and of the workers whose late message of the previous
-  round it takes; the seconds it saved against waiting for all."""
+  round it takes."""
 
   members: np.ndarray
   late: np.ndarray
   dropped: np.ndarray
   held: np.ndarray
-  saved: float
 
   def to_dict(self) -> dict:
     return {
@@ -186,10 +186,9 @@ class Round:
       "late": self.late.tolist(),
       "dropped": self.dropped.tolist(),
       "held": self.held.tolist(),
-      "saved": self.saved,
     }
 
   @classmethod
   def from_dict(cls, values: dict) -> "Round":
     masks = {key: np.array(values[key], bool) for key in ("members", "late", "dropped", "held")}
-    return cls(**masks, saved=float(values["saved"]))
+    return cls(**masks)

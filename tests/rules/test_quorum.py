@@ -44,7 +44,7 @@ def as_round(members, late, dropped, held, num_workers=WORKERS) -> rounds.Round:
   def mask(workers):
     return np.isin(np.arange(num_workers), sorted(workers))
 
-  return rounds.Round(mask(members), mask(late), mask(dropped), mask(held), saved=0.0)
+  return rounds.Round(mask(members), mask(late), mask(dropped), mask(held))
 
 
 def run_in_rounds(name, hyper, x0, batches, memberships, num_devices=2):
