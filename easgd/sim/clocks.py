@@ -403,7 +403,8 @@ class SyncClock(Clock):
     if self.round_totals is not None:
       state["rounds"] = {
         "held": self._held.tolist(),
-        "held_until": self._held_until,
+        # None: no late message (JSON has no -inf).
+        "held_until": None if self._held_until == -math.inf else self._held_until,
         "last_exchange": self._last_exchange,
         "totals": self.round_totals.state_dict(),
         "waiting": self._waiting.state_dict(),
@@ -417,7 +418,8 @@ class SyncClock(Clock):
     if self.round_totals is not None:
       saved = state["rounds"]
       self._held = np.array(saved["held"], bool)
-      self._held_until = float(saved["held_until"])
+      until = saved["held_until"]
+      self._held_until = -math.inf if until is None else float(until)
       self._last_exchange = int(saved["last_exchange"])
       self.round_totals.load_state_dict(saved["totals"])
       self._waiting.load_state_dict(saved["waiting"])

@@ -130,7 +130,7 @@ def test_a_clock_resumed_from_its_state_goes_on_as_never_stopped(missed):
   for _ in range(7):
     running.next_tick()
   resumed = clock(0.2, missed)
-  resumed.load_state_dict(json.loads(json.dumps(running.state_dict())))
+  resumed.load_state_dict(json.loads(json.dumps(running.state_dict(), allow_nan=False)))
   for _ in range(9):
     assert resumed.next_tick().to_dict() == running.next_tick().to_dict()
   assert resumed.round_totals.scalars() == running.round_totals.scalars()
