@@ -148,6 +148,17 @@ def feedback(sent, count):
   return with_feedback
 
 
+def _local_steps(workers, states, step_batches, grad, inner):
+  """x_i + u_i for every worker, u_i its inner update with the gradient at
+  inner.point(x_i); each worker's state in `states` is replaced by the one after it."""
+  stepped = []
+  for i, (x, batch) in enumerate(zip(workers, step_batches, strict=True)):
+    y = inner.point(x, states[i])
+    u, states[i] = inner.update(grad(y, batch), states[i], y)
+    stepped.append({k: x[k] + u[k] for k in x})
+  return stepped
+
+
 def center_family(x0, batches, grad, inner, tau, pull, outer, alpha=0.0, sent=lambda d, t, i: d):
   """The center family; returns [(workers, center)] after each step.
 
@@ -164,12 +175,7 @@ def center_family(x0, batches, grad, inner, tau, pull, outer, alpha=0.0, sent=la
   center, outer_state = dict(x0), outer.init(x0)
   history = []
   for t, step_batches in enumerate(batches):
-    updates = []
-    for i in range(num_workers):
-      y = inner.point(workers[i], states[i])
-      u, states[i] = inner.update(grad(y, step_batches[i]), states[i], y)
-      updates.append(u)
-    stepped = [{k: w[k] + u[k] for k in w} for w, u in zip(workers, updates, strict=True)]
+    stepped = _local_steps(workers, states, step_batches, grad, inner)
     if (t + 1) % tau == 0:
       read = workers if pull == "elastic" else stepped
       messages = [sent({k: r[k] - center[k] for k in r}, t, i) for i, r in enumerate(read)]
@@ -298,12 +304,7 @@ def center_family_in_rounds(
   history = []
   rounds = iter(memberships)
   for t, step_batches in enumerate(batches):
-    updates = []
-    for i in range(num_workers):
-      y = inner.point(workers[i], states[i])
-      u, states[i] = inner.update(grad(y, step_batches[i]), states[i], y)
-      updates.append(u)
-    stepped = [{k: w[k] + u[k] for k in w} for w, u in zip(workers, updates, strict=True)]
+    stepped = _local_steps(workers, states, step_batches, grad, inner)
     if (t + 1) % tau != 0:
       workers = stepped
       history.append(([dict(w) for w in workers], dict(center)))

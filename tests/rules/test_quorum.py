@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_outer import assert_follows
 from test_rules import ALPHA, ETA, assert_close, loss_fn, make_problem, per_worker
 
 import numpy_optim
@@ -78,13 +79,6 @@ def hyper(missed="drop", world_size="dynamic", **values):
     world_size=world_size,
   )
   return rules.Hyper(**{**base, **values})
-
-
-def assert_follows(actual, expected):
-  for state, (workers, center) in zip(actual, expected, strict=True):
-    assert_close(state.center, center)
-    for i, values in enumerate(workers):
-      assert_close(jax.tree.map(lambda a, i=i: a[i], state.workers), values)
 
 
 ADAMW = dict(optimizer="adamw", learning_rate=0.01, weight_decay=0.1)
