@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from easgd.data import augment as augment_lib
-from easgd.data.batches import augment_local_batches, sample_local_batches
+from easgd.data.batches import augment_local_batches, sample_batches, sample_local_batches
 from easgd.infra import sharding
 from easgd.rules import AXIS, LossFn, Rule, TickInputs, TrainState, model_state
 
@@ -71,17 +71,20 @@ def make_apply_fn(model, normalize) -> Callable:
   return apply_fn
 
 
-def _compile(per_device, rule: Rule, mesh: Mesh, state: TrainState, num_worker_args: int):
+def _compile(
+  per_device, rule: Rule, mesh: Mesh, state: TrainState, num_worker_args: int, donate: bool = True
+):
   """jit(shard_map(per_device)) for per_device(state, *worker_args, tick) -> (state, metrics).
 
   The state keeps its layout (worker fields split over `workers`, the rest
-  replicated) and is donated, so its buffers are updated in place; the
+  replicated) and is donated (unless not `donate`), so its buffers are updated in place; the
   worker arguments have a leading workers axis; the tick is replicated, and
   the metrics lie as the rule says (`Rule.metrics_spec`).
   """
   specs = sharding.state_specs(state)
   in_specs = (specs,) + (P(AXIS),) * num_worker_args + (P(),)
-  return sharding.jit_shard_map(per_device, mesh, in_specs, (specs, rule.metrics_spec()))
+  out_specs = (specs, rule.metrics_spec())
+  return sharding.jit_shard_map(per_device, mesh, in_specs, out_specs, donate=donate)
 
 
 def build_rule_step(rule: Rule, loss_fn: LossFn, mesh: Mesh, state: TrainState):
@@ -100,18 +103,44 @@ def build_train_step(
   state: TrainState,
   batch_size: int,
   augment: augment_lib.Augment | None = None,
+  donate: bool = True,
 ):
   """(state, images, labels, tick) -> (state, metrics), drawing (and augmenting) batches on device.
 
   images [P, n, H, W, C] and labels [P, n] are the resident partitions; the
-  tick is `rule.tick_inputs(...)` of the rule's clock.
+  tick is `rule.tick_inputs(...)` of the rule's clock; the state is donated
+  unless not `donate`.
   """
 
   def per_device(state, images, labels, tick: TickInputs):
     batch = sample_local_batches(images, labels, state.rng, state.worker_steps, batch_size, augment)
     return rule.step(state, batch, loss_fn, tick)
 
-  return _compile(per_device, rule, mesh, state, 2)
+  return _compile(per_device, rule, mesh, state, 2, donate)
+
+
+def build_worker_step(
+  rule: Rule,
+  loss_fn: LossFn,
+  mesh: Mesh,
+  row: TrainState,
+  batch_size: int,
+  augment: augment_lib.Augment | None = None,
+):
+  """(row, images, labels, worker, tick) -> (row, metrics) for one worker alone, on a
+  mesh of its device: `row` is the state with the worker's rows alone (worker fields
+  [1, ...]), images [1, n, ...] and labels [1, n] its partition, worker [1] its index
+  among all the run's workers, which draws its batches as `build_train_step` draws
+  them. The rule's own step, for a tick without an exchange (runtime=threads' workers
+  of a synchronous rule); nothing donated (the row's center is its device's copy,
+  which the device's other workers read).
+  """
+
+  def per_device(row, images, labels, worker, tick: TickInputs):
+    batch = sample_batches(images, labels, row.rng, worker, row.worker_steps, batch_size, augment)
+    return rule.step(row, batch, loss_fn, tick)
+
+  return _compile(per_device, rule, mesh, row, 3, donate=False)
 
 
 def build_batch_step(

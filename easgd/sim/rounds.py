@@ -168,6 +168,17 @@ class Policy:
     ordered = np.sort(arrivals)
     return float(max(ordered[self.count - 1], min(ordered[-1], ordered[0] + self.deadline)))
 
+  def due(self, arrived: list[float], num_workers: int) -> float | None:
+    """T as a live round knows it with only `arrived` in (their times): -inf once every
+    worker arrived, None until m did, else a_(1) + D (the round closes then unless
+    the last arrives first). Closing at the first moment it is passed gives
+    `closing_time`."""
+    if len(arrived) == num_workers:
+      return -math.inf
+    if len(arrived) < self.count:
+      return None
+    return min(arrived) + self.deadline
+
 
 @dataclasses.dataclass
 class Round:

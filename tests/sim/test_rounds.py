@@ -34,14 +34,32 @@ def torchft_close(arrivals, count, deadline):
   raise AssertionError("never closes")
 
 
+def live_close(policy, arrivals):
+  """When a round that sees the arrivals one by one (`Policy.due`, runtime=threads'
+  gate) closes: at an arrival once it is due, or at its due time before the next."""
+  ordered = sorted(arrivals)
+  for k, arrival in enumerate(ordered):
+    due = policy.due(ordered[: k + 1], len(ordered))
+    if due is None:
+      continue
+    if due <= arrival:
+      return arrival
+    if k + 1 == len(ordered) or due < ordered[k + 1]:
+      return due
+  raise AssertionError("never closes")
+
+
 @pytest.mark.parametrize("count", [1, 3, 5, 6])
 @pytest.mark.parametrize("deadline", [0.0, 0.4, 2.0, math.inf])
 def test_a_round_closes_when_torchfts_quorum_would_form(count, deadline):
+  """In the timing model (all arrivals known) and live (one by one), alike."""
   rng = np.random.default_rng(count)
   for _ in range(20):
     arrivals = rng.exponential(1.0, WORKERS)
     policy = rounds.Policy(count, deadline, "drop")
-    assert policy.closing_time(arrivals) == torchft_close(arrivals.tolist(), count, deadline)
+    closes = torchft_close(arrivals.tolist(), count, deadline)
+    assert policy.closing_time(arrivals) == closes
+    assert live_close(policy, arrivals.tolist()) == closes
 
 
 @pytest.mark.parametrize(("quorum", "count"), [(0.5, 3), (0.51, 4), (1.0, 6), (4.0, 4), (0.01, 1)])

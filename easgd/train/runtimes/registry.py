@@ -58,12 +58,14 @@ def select(config: ml_collections.ConfigDict) -> type[Runtime]:
 
 def _check_unread(config: ml_collections.ConfigDict, chosen: type[Runtime]) -> None:
   """A field only other runtimes read, set in a config that `chosen` runs, would be
-  ignored: refused (e.g. cluster.replay, which the simulated runtime alone reads)."""
-  for name, runtime in RUNTIMES.items():
+  ignored: refused (e.g. ray.address, which the ray runtime alone reads)."""
+  for runtime in RUNTIMES.values():
     for field in runtime.declares:
       value = field.of(config)
       if runtime is not chosen and field not in chosen.declares and value != field.default:
+        readers = [other for other, kind in RUNTIMES.items() if field in kind.declares]
+        who = f"{' and '.join(readers)} runtime{'s read' if len(readers) > 1 else ' reads'}"
         raise ConfigError(
-          f"config.{field.path}={value!r} is invalid: only the {name} runtime reads it, and "
+          f"config.{field.path}={value!r} is invalid: only the {who} it, and "
           f"{config.algorithm} runs on {chosen.name} here: leave it {field.default!r}"
         )

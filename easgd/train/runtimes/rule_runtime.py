@@ -66,10 +66,14 @@ class _TickTotals:
     self._groups, self._levels, self._servers = groups, levels, servers
 
   def add(self, tick: ticks.Tick) -> None:
-    self._steps += int(tick.local.sum())
+    self.add_steps(int(tick.local.sum()))
     window = self._clock.window
     window.staleness += tick.staleness
     window.waits += tick.waits
+
+  def add_steps(self, count: int) -> None:
+    """Counts `count` local steps taken (by a runtime that counts them itself)."""
+    self._steps += count
 
   def worker_steps(self) -> int:
     """Local steps taken by all workers since the last call to `scalars`."""
@@ -140,7 +144,8 @@ class RuleReports:
   step count gives); a runtime=ray step whose process died as it computed it
   has a rate but no loss or accuracy (Tick.unvalued), in the run and its replay.
   A parameter-server rule's workers step at their own pace: its runtimes hand
-  each step's values (`add_local_steps`), and the clock's
+  each step's values (`add_local_steps`), as runtime=threads does for a
+  synchronous rule's rounds (`_paced`), and the clock's
   LogWindow adds them exactly, so that a threads or ray run and the replay of
   its trace, which take the same steps between the same logs, log the same
   bits. The synchronous and outer rules step every worker each tick: the mean
@@ -170,6 +175,11 @@ class RuleReports:
     self.clock.window.add({tag: float(value) for tag, value in values.items()})
     return np.array([values["loss"]])
 
+  def _paced(self) -> bool:
+    """Whether the workers' steps come one by one (`add_local_steps`), each at its
+    worker's own count, rather than as the means of ticks that step every worker."""
+    return self.rule.parameter_server()
+
   def add_local_steps(self, losses: list[float], accuracies: list[float]) -> np.ndarray:
     """Local steps' losses and accuracies; returns their sum of losses, which is
     not finite once one of them is not."""
@@ -182,7 +192,7 @@ class RuleReports:
     none when no step's values came (no worker stepped)."""
     window = self.clock.window
     means = window.means()
-    if means and self.rule.parameter_server():
+    if means and self._paced():
       rate = mean_learning_rate(self.rule, window.start_steps, self.clock.worker_steps)
       if rate is not None:
         means["learning_rate"] = rate

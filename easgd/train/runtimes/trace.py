@@ -47,6 +47,21 @@ One JSON object a line, each ending with its checksum, "sum" (below):
       overwrites as the run's did, and leaves its values out of the logged
       loss and accuracy, as the run had to (its learning rate still counts, as
       in the run: the step was taken);
+  {"kind": "round", "tick": t, "members": [...], "late": [...], "arrivals": [...],
+   "closed": c}
+      a synchronous rule's round under runtime=threads or ray
+      (easgd.train.runtimes.threads.rounds), the exchange that ends tick t:
+      members[j] whether worker j's contribution made it, late[j] whether it
+      missed it and its message waits for the next round (outer.missed=late),
+      arrivals[j] the seconds after the round's first arrival at which worker j
+      arrived (null for one that stopped at the close without arriving), c the
+      seconds after the first arrival at which the round closed. Such a trace holds rounds
+      alone (and runtime=ray's "process" and "gone" lines), and
+      runtime=threads replays it: each round waits for its members;
+  {"kind": "gone", "worker": j, "tick": t}
+      runtime=ray's synchronous rounds under cluster.on_worker_loss=continue:
+      worker j's process was lost for good in the steps that began at tick t,
+      and it takes no step from t on (it is absent from every later round);
   {"kind": "end", "events": N, "ticks": T}: written when the run completes;
       N counts the lines between the header and it.
 
@@ -231,6 +246,19 @@ class Writer:
     run's count of events includes)."""
     self._file.write(self._chain.seal({"kind": "unvalued", "worker": worker, "step": step}))
 
+  def round(
+    self, tick: int, members: list[bool], late: list[bool], arrivals: list, closed: float
+  ) -> None:
+    """A synchronous round that closed after tick `tick` (a line, which the run's count
+    of events includes)."""
+    record = {"kind": "round", "tick": tick, "members": members, "late": late}
+    self._file.write(self._chain.seal({**record, "arrivals": arrivals, "closed": closed}))
+
+  def gone(self, worker: int, tick: int) -> None:
+    """Worker `worker` takes no step from tick `tick` on (a line, which the run's count
+    of events includes)."""
+    self._file.write(self._chain.seal({"kind": "gone", "worker": worker, "tick": tick}))
+
   def sync(self) -> None:
     self._file.flush()
     os.fsync(self._file.fileno())
@@ -363,6 +391,8 @@ class Trace:
   ticks: int
   processes: list[dict] = dataclasses.field(default_factory=list)  # runtime=ray's
   unvalued: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (worker, step)
+  rounds: list[dict] = dataclasses.field(default_factory=list)  # a synchronous rule's
+  gone: dict[int, int] = dataclasses.field(default_factory=dict)  # worker -> tick (its rounds')
 
 
 def read(path: str) -> Trace:
@@ -409,8 +439,27 @@ def read(path: str) -> Trace:
       f"{name} is truncated: it has no end line (the run was stopped or the file cut); "
       "replay the trace of a run that completed"
     )
-  events, processes, unvalued = [], [], []
+  events, processes, unvalued, rounds, gone = [], [], [], [], {}
   for number, record in enumerate(records[1:-1], 2):
+    if record.get("kind") == "gone":
+      valid = set(record) == {"kind", "worker", "tick"} and _unvalued_record(
+        {"kind": "unvalued", "worker": record["worker"], "step": record["tick"]}, workers
+      )
+      if not valid or record["worker"] in gone:
+        raise ConfigError(
+          f"{name} is malformed at line {number}: not a worker of its {workers} gone once "
+          "(worker, tick)"
+        )
+      gone[record["worker"]] = record["tick"]
+      continue
+    if record.get("kind") == "round":
+      if not _round_record(record, workers) or (rounds and record["tick"] <= rounds[-1]["tick"]):
+        raise ConfigError(
+          f"{name} is malformed at line {number}: not a round of its {workers} workers after "
+          "the round before (tick, members, late, arrivals, closed)"
+        )
+      rounds.append(record)
+      continue
     if record.get("kind") == "unvalued":
       if not _unvalued_record(record, workers):
         raise ConfigError(
@@ -459,7 +508,37 @@ def read(path: str) -> Trace:
       f"{name} is inconsistent: its end line counts {end.get('events')} events, "
       f"it holds {len(records) - 2}"
     )
-  return Trace(records[0], events, int(end["ticks"]), processes, unvalued)
+  if (rounds or gone) and events:
+    raise ConfigError(f"{name} is malformed: it holds both rounds and events")
+  return Trace(records[0], events, int(end["ticks"]), processes, unvalued, rounds, gone)
+
+
+def _round_record(record: dict, workers: int) -> bool:
+  def seconds(value) -> bool:
+    return _OF_TYPE[float](value) and value >= 0
+
+  def masks(value) -> bool:
+    return (
+      isinstance(value, list)
+      and len(value) == workers
+      and all(isinstance(entry, bool) for entry in value)
+    )
+
+  members, late, arrivals = record.get("members"), record.get("late"), record.get("arrivals")
+  return (
+    set(record) == {"kind", "tick", "members", "late", "arrivals", "closed"}
+    and _is_int(record["tick"])
+    and record["tick"] >= 0
+    and masks(members)
+    and any(members)
+    and masks(late)
+    and not any(m and lag for m, lag in zip(members, late, strict=True))
+    and isinstance(arrivals, list)
+    and len(arrivals) == workers
+    and all(arrival is None or seconds(arrival) for arrival in arrivals)
+    and all(arrivals[j] is not None for j in range(workers) if members[j] or late[j])
+    and seconds(record["closed"])
+  )
 
 
 def _process_record(record: dict, workers: int) -> bool:
@@ -516,6 +595,24 @@ _checked: dict = {}
 
 def _check_replay(path: str, here: dict, total_steps: int, here_groups: list) -> list[Tick]:
   trace = read(path)
+  _check_recorded(path, trace, here, total_steps, here_groups)
+  if trace.rounds:
+    raise ConfigError(
+      f"cluster.replay={path!r} holds a synchronous rule's rounds: runtime=threads replays "
+      "it, not runtime=simulated"
+    )
+  ticks = pack(trace.events, trace.header["workers"], trace.unvalued, len(here_groups))
+  if len(ticks) != trace.ticks:
+    raise ConfigError(
+      f"cluster.replay={path!r} is inconsistent: its events fill {len(ticks)} ticks, "
+      f"its end line counts {trace.ticks}"
+    )
+  return ticks
+
+
+def _check_recorded(path: str, trace: Trace, here: dict, total_steps: int, here_groups: list):
+  """ConfigError unless `trace` was recorded under this run's trajectory fields (`here`),
+  steps and two-tier groups."""
   recorded = trace.header["config"]
   for field in sorted(set(recorded) | set(here)):
     if recorded.get(field) != here.get(field):
@@ -535,13 +632,42 @@ def _check_replay(path: str, here: dict, total_steps: int, here_groups: list) ->
       f"this run has {here_groups or None}: replay it with the cluster.groups (and "
       "outer.two_tier) that recorded it"
     )
-  ticks = pack(trace.events, trace.header["workers"], trace.unvalued, len(groups))
-  if len(ticks) != trace.ticks:
+
+
+@dataclasses.dataclass
+class RoundsReplay:
+  """What a replay of a synchronous rule's trace follows: each round's (members, late
+  workers), by the tick it ends (`Writer.round`), and the workers gone for good, each
+  with the tick from which it takes no step (`Writer.gone`)."""
+
+  rounds: dict[int, tuple[list[bool], list[bool]]]
+  gone: dict[int, int]
+
+
+def check_rounds_replay(config: ml_collections.ConfigDict, exchanges: list[int]) -> RoundsReplay:
+  """The rounds of the trace config.cluster.replay names, checked against `config`, whose
+  rule exchanges after the ticks `exchanges`; ConfigError if it is not a trace of a
+  synchronous rule's rounds under this configuration."""
+  path = config.cluster.replay
+  trace = read(path)
+  _check_recorded(path, trace, recorded_fields(config), config.run.total_steps, [])
+  if trace.events or not trace.rounds:
     raise ConfigError(
-      f"cluster.replay={path!r} is inconsistent: its events fill {len(ticks)} ticks, "
-      f"its end line counts {trace.ticks}"
+      f"cluster.replay={path!r} holds no rounds: runtime=threads replays the trace of a "
+      "synchronous rule's run under runtime=threads (a parameter-server rule's trace "
+      "replays under runtime=simulated)"
     )
-  return ticks
+  rounds = {record["tick"]: (record["members"], record["late"]) for record in trace.rounds}
+  inconsistent = f"cluster.replay={path!r} is inconsistent:"
+  if sorted(rounds) != exchanges:
+    raise ConfigError(f"{inconsistent} its rounds end other ticks than {config.algorithm}'s")
+  for tick, (members, late) in rounds.items():
+    if any(late) and config.outer.missed != "late":
+      raise ConfigError(f"{inconsistent} its round at tick {tick} has late workers")
+    for j, gone_at in trace.gone.items():
+      if gone_at <= tick and (members[j] or late[j]):
+        raise ConfigError(f"{inconsistent} worker {j}, gone at tick {gone_at}, is in a round after")
+  return RoundsReplay(rounds, trace.gone)
 
 
 def pack(

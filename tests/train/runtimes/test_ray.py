@@ -12,7 +12,6 @@ import signal
 import numpy as np
 import pytest
 
-from easgd import ray_connection
 from easgd.errors import ConfigError, WorkerFailed
 from easgd.infra import compile as compile_lib
 from easgd.infra import scalars, sharding
@@ -33,15 +32,6 @@ RUN = {
   "run.eval_every": 12,
   "run.checkpoint_every": 12,
 }
-
-
-@pytest.fixture(scope="module")
-def embedded_ray():
-  ray_connection.init(  # a Ray of its own, not the one `ray start` last started here
-    address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR"
-  )
-  yield
-  ray.shutdown()
 
 
 def _config(algorithm, workers=2, **overrides):
@@ -301,14 +291,14 @@ def _refused(config, pattern):
 
 
 def test_ray_is_refused_for_what_it_does_not_run():
-  sync = _config("sync_easgd", runtime="ray")
+  sync = _config("sync_sgd", runtime="ray")
   _refused(sync, r"^config.runtime='ray' is invalid: ray runs the parameter-server rules")
   pipeline = _config("pipeline", runtime="ray")
   _refused(pipeline, r"^config.runtime='ray' is invalid")
   two_tier = {"outer.two_tier": True, "ray.servers": 2}
   _refused(_config("async_easgd", runtime="ray", **two_tier), r"^config.ray.servers=2 .* two-tier")
   replay = _config("async_easgd", runtime="ray", **{"cluster.replay": "trace.jsonl"})
-  _refused(replay, r"runtime=ray records a new trace")
+  _refused(replay, r"runtime=ray records a new one")
   unreachable = _config("async_easgd", runtime="ray", **{"ray.address": "127.0.0.1:1"})
   _refused(unreachable, r"^config.ray.address='127.0.0.1:1' is unreachable \(ConnectionRefused")
   for field, value in [("ray.servers", 2), ("ray.address", "auto"), ("ray.worker_gpus", 1.0)]:

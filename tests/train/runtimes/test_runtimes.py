@@ -36,10 +36,11 @@ def test_the_registry_picks_the_runtime_the_config_names_or_its_algorithm_needs(
     ("sync_easgd", "mpi", r"^config.runtime='mpi' is invalid: valid: simulated, threads, ray$"),
     ("sync_easgd", "pipeline", r"^config.runtime='pipeline' is invalid: valid: simulated, threads"),
     (
-      "diloco",
+      "post_local_sgd",
       "threads",
-      r"^config.runtime='threads' is invalid: threads runs the parameter-server rules \(.*\); "
-      r"diloco runs on simulated$",
+      r"^config.runtime='threads' is invalid: threads runs the parameter-server rules \(.*\) "
+      r"and the synchronous rules with local steps \(.*diloco.*\); post_local_sgd runs on "
+      r"simulated$",
     ),
     ("pipeline", "threads", r"^config.runtime='threads' is invalid: the pipeline runs on a"),
   ],
@@ -106,8 +107,8 @@ def test_a_field_only_another_runtime_reads_is_refused_not_ignored():
   config = config_with({"cluster.replay": "trace.jsonl"}, algorithm="pipeline")
   with pytest.raises(
     ConfigError,
-    match=r"^config.cluster.replay='trace.jsonl' is invalid: only the simulated runtime reads "
-    r"it, and pipeline runs on pipeline here: leave it ''$",
+    match=r"^config.cluster.replay='trace.jsonl' is invalid: only the simulated and threads "
+    r"runtimes read it, and pipeline runs on pipeline here: leave it ''$",
   ):
     runtimes.select(config)
 

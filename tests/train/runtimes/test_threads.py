@@ -213,7 +213,7 @@ def test_bad_replays_and_runtimes_are_refused_in_one_line(tmp_path):
   faster.cluster.compute_time = 1.0
   trace.check_replay(faster)
 
-  sync = _config("sync_easgd", 2)
+  sync = _config("sync_sgd", 2)
   sync.runtime = "threads"
   refused(sync, r"^config.runtime='threads' is invalid: threads runs the parameter-server rules")
   pipeline = _config("pipeline", 2)
@@ -222,10 +222,13 @@ def test_bad_replays_and_runtimes_are_refused_in_one_line(tmp_path):
   both = _config("async_easgd", 2)
   both.runtime = "threads"
   both.cluster.replay = str(path)
-  refused(both, r"^config.cluster.replay=.* a replay drives runtime=simulated")
+  refused(both, r"^config.cluster.replay=.* a parameter-server rule's trace replays under")
   sync_replay = _config("sync_easgd", 2)
   sync_replay.cluster.replay = str(path)
-  refused(sync_replay, r"sync_easgd has none")
+  refused(sync_replay, r"sync_easgd has none \(a synchronous rule's rounds replay under")
+  # A synchronous rule's trace replays under runtime=threads: a trace of requests does not.
+  sync_replay.runtime = "threads"
+  refused(sync_replay, r"recorded with config.algorithm='async_easgd', this run has 'sync_easgd'")
   unknown = _config("async_easgd", 2)
   unknown.runtime = "processes"
   refused(unknown, r"^config.runtime='processes' is invalid: valid: simulated, threads")

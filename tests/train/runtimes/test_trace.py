@@ -235,7 +235,7 @@ def test_a_trace_is_replayed_only_under_the_configuration_that_recorded_it(tmp_p
   for config, pattern in [
     (other, recorded),
     (longer, r"holds 3 ticks; set run.total_steps=3"),
-    (threads, r"^config.cluster.replay=.* a replay drives runtime=simulated"),
+    (threads, r"^config.cluster.replay=.* a parameter-server rule's trace replays under"),
     (sync, r"sync_easgd has none"),
   ]:
     with pytest.raises(ConfigError, match=pattern) as error:
@@ -328,3 +328,61 @@ def test_a_replay_is_read_and_checked_once_and_each_asker_gets_its_own_ticks(tmp
   with pytest.raises(ConfigError, match=r"holds 2 ticks; set run.total_steps=2"):
     trace.check_replay(replay)
   assert len(reads) == 2
+
+
+def test_a_rounds_trace_is_checked_line_by_line_and_against_its_rule(tmp_path):
+  """A synchronous rule's trace (runtime=threads and ray: rounds, and a worker gone for
+  good) is read back; a round that is not one, a worker gone and then in a round, late
+  workers under drop and rounds at other ticks than the rule's are refused in one line."""
+  config = _config()
+  config.algorithm, config.run.total_steps = "sync_easgd", 8  # rounds end ticks 3 and 7
+  config.cluster.replay = str(tmp_path / trace.FILE)
+  writer = trace.Writer(str(tmp_path), config, None)
+  writer.round(3, [True, False], [False, False], [0.0, 0.5], 0.1)
+  writer.gone(1, 4)
+  writer.round(7, [True, False], [False, False], [0.0, None], 0.0)
+  writer.end(3, 8)
+  writer.close()
+  replayed = trace.check_rounds_replay(config, [3, 7])
+  assert replayed.rounds == {3: ([True, False], [False, False]), 7: ([True, False], [False, False])}
+  assert replayed.gone == {1: 4}
+  with pytest.raises(ConfigError, match="its rounds end other ticks than sync_easgd's"):
+    trace.check_rounds_replay(config, [3])
+
+  bodies = _bodies((tmp_path / trace.FILE).read_text().splitlines(keepends=True))
+  cases = [
+    (
+      "both",
+      1,
+      bodies[1].replace('"late": [false, false]', '"late": [true, false]'),
+      "line 2: not a round",
+    ),
+    (
+      "nobody",
+      1,
+      bodies[1].replace('"members": [true, false]', '"members": [false, false]'),
+      "line 2: not a round",
+    ),
+    ("arrival", 1, bodies[1].replace("[0.0, 0.5]", "[null, 0.5]"), "line 2: not a round"),
+    ("order", 3, bodies[3].replace('"tick": 7', '"tick": 3'), "line 4: not a round"),
+    ("gone", 2, bodies[2].replace('"worker": 1', '"worker": 2'), "line 3: not a worker"),
+    (
+      "back",
+      3,
+      bodies[3].replace("[true, false]", "[true, true]").replace("null", "0.0"),
+      "worker 1, gone at tick 4, is in a round after",
+    ),
+    (
+      "late",
+      3,
+      bodies[3].replace('"late": [false, false]', '"late": [false, true]').replace("null", "0.0"),
+      "worker 1, gone|has late workers",
+    ),
+  ]
+  for name, number, body, pattern in cases:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(_chained([*bodies[:number], body, *bodies[number + 1 :]])))
+    config.cluster.replay = str(path)
+    with pytest.raises(ConfigError, match=pattern) as error:
+      trace.check_rounds_replay(config, [3, 7])
+    assert "\n" not in str(error.value)

@@ -33,17 +33,21 @@ classes plain, imports without it.
 import dataclasses
 import os
 import socket
+import threading
 import time
 import uuid
 
 import jax
 import ml_collections
 import numpy as np
+from jax.sharding import Mesh
 
 from easgd import assembly
+from easgd import steps as steps_lib
 from easgd.data import augment as augment_lib
 from easgd.infra.compile import compile_program
-from easgd.rules import model_state
+from easgd.rules import AXIS, model_state
+from easgd.train.runtimes.threads.rounds import with_rounds
 from easgd.train.runtimes.threads.runtime import (
   LOCAL_SPECS,
   MASTER_SPECS,
@@ -271,6 +275,79 @@ class WorkerProcess:
     """(x_j, its optimizer state) as NumPy, for a checkpoint or an evaluation, and
     its incarnation."""
     return (*_numpy((self.workers, self.opt)), self.incarnation)
+
+
+class RoundWorkerProcess:
+  """Worker j of a synchronous rule in a process of its own (runtime=ray's rounds,
+  easgd.train.runtimes.ray.rounds): its training partition and the rule's step at a
+  tick without an exchange (runtime=threads' `easgd.steps.build_worker_step`),
+  compiled on this process's first device. Its row comes with each call and goes back
+  with the answer: the driver keeps the run's rows, so a process Ray restarts has
+  nothing of its own to lose. Two calls at once (`stop` beside `steps`)."""
+
+  def __init__(self, j, recipe, row, images, labels, tick, delay_factor, platform):
+    """row: the worker's state view as NumPy (easgd.rules.TrainState, its worker fields
+    [1, ...]); tick: the rule's inputs of a tick without an exchange; delay_factor:
+    a straggler's sleep after each step, in that step's seconds."""
+    self.incarnation = uuid.uuid4().hex
+    config = ml_collections.ConfigDict(recipe.config)
+    built = assembly.network(config, recipe.num_classes, recipe.image_shape, recipe.normalization)
+    self.device = jax.devices()[0]
+    mesh = Mesh(np.array([self.device]), (AXIS,))
+    put = self._put
+    self.data = (put(images), put(labels), put(np.asarray([j], np.int32)), put(tick))
+    program = steps_lib.build_worker_step(
+      with_rounds(assembly.rule(config)),
+      built.loss_fn,
+      mesh,
+      put(row),
+      config.data.batch_size,
+      augment_lib.get(config.data.augment),
+    )
+    self.program = compile_program(program.lower(put(row), *self.data), platform)
+    self.delay_factor = delay_factor
+    self.stopping = threading.Event()
+    self.lock = threading.Lock()
+    self.segment = None
+    self.stopped = -1  # the last call `stop` named (it may come before its `steps`)
+
+  def _put(self, tree):
+    return jax.device_put(tree, self.device)
+
+  def where(self) -> tuple[int, str, str, str]:
+    """(pid, host, Ray node, incarnation)."""
+    return (*where(), self.incarnation)
+
+  def steps(self, row, start: int, end: int, segment: int):
+    """Its steps start, ..., end - 1 from `row` (NumPy); (the row after them, each
+    step's loss and accuracy). The row is None if `stop` came first: the worker missed
+    its round, and what it computed is not wanted."""
+    with self.lock:
+      self.segment = segment
+      if segment > self.stopped:
+        self.stopping.clear()
+      else:
+        self.stopping.set()
+    row = self._put(row)
+    losses, accuracies = [], []
+    for _ in range(start, end):
+      if self.stopping.is_set():
+        return None, losses, accuracies
+      began = time.perf_counter()
+      row, values = self.program(row, *self.data)
+      loss, accuracy = jax.device_get((values["loss"], values["accuracy"]))
+      if self.delay_factor > 0:  # a slower worker, for real; `stop` ends the sleep
+        self.stopping.wait(self.delay_factor * (time.perf_counter() - began))
+      losses.append(float(loss))
+      accuracies.append(float(accuracy))
+    return _numpy(row), losses, accuracies
+
+  def stop(self, segment: int) -> None:
+    """The round of call `segment` closed without this worker: it stops at its next step."""
+    with self.lock:
+      self.stopped = max(self.stopped, segment)
+      if segment == self.segment:
+        self.stopping.set()
 
 
 class ServerProcess:

@@ -32,7 +32,8 @@ from easgd.infra import platform, sharding
 from easgd.rules import RULES, tiers
 from easgd.train.runtimes.ray import fields
 from easgd.train.runtimes.rule_runtime import parameter_server_rules
-from easgd.train.runtimes.threads.runtime import ThreadsRuntime, ThreadsTrainee
+from easgd.train.runtimes.simulated.fields import REPLAY
+from easgd.train.runtimes.threads.runtime import ThreadsRuntime, ThreadsTrainee, round_rules
 
 # The root that holds the easgd package: the actors' processes import it from there.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(easgd.__file__)))
@@ -313,15 +314,31 @@ class RayRuntime(ThreadsRuntime):
 
   @classmethod
   def algorithms(cls) -> tuple[str, ...]:
-    return ray_rules()
+    return ray_rules() + round_rules()
 
   @classmethod
   def runs(cls) -> str:
-    return f"the parameter-server rules ({', '.join(ray_rules())})"
+    return (
+      f"the parameter-server rules ({', '.join(ray_rules())}) and the synchronous rules "
+      f"with local steps ({', '.join(round_rules())})"
+    )
 
   @classmethod
   def check(cls, config: ml_collections.ConfigDict) -> None:
+    require(
+      not config.cluster.replay,
+      REPLAY.path,
+      config.cluster.replay,
+      "runtime=ray records a new one (a parameter-server rule's trace replays under "
+      "runtime=simulated, a synchronous rule's under runtime=threads): leave it ''",
+    )
     super().check(config)
+    require(
+      config.algorithm not in round_rules() or config.ray.servers == 1,
+      fields.SERVERS,
+      config.ray.servers,
+      f"{config.algorithm}'s rounds run in the run's own process, on no servers: leave it 1",
+    )
     require(
       not tiers.TWO_TIER.of(config) or config.ray.servers == 1,
       fields.SERVERS,
@@ -367,10 +384,12 @@ class RayRuntime(ThreadsRuntime):
 
   def describe(self) -> str:
     config = self.setup.config
+    if config.algorithm in round_rules():
+      return f"{config.algorithm}: {config.workers} worker processes (Ray), rounds in this one"
     servers = f"{config.ray.servers} server{'s' if config.ray.servers > 1 else ''}"
     return f"{config.algorithm}: {config.workers} worker processes, {servers} (Ray)"
 
-  def trainee(self, state, clock_state, resumed_at) -> RayTrainee:
+  def trainee(self, state, clock_state, resumed_at):
 
     config = self.setup.config
     started = connect(config)
@@ -378,17 +397,19 @@ class RayRuntime(ThreadsRuntime):
       # Checked before the run wrote anything (check_model); again with the Ray the
       # run has, which another run of this process may have started.
       check_gpus(config)
-      return RayTrainee(
-        self.setup,
-        self.rule,
-        state,
-        self.cluster,
-        self.sent_bytes,
-        clock_state,
-        resumed_at,
-        model_bytes=self.model_bytes,
-        started_ray=started,
-      )
+      arguments = self._trainee_arguments(state, clock_state, resumed_at)
+      if config.algorithm in round_rules():
+        from easgd.train.runtimes.ray.rounds import RayRoundsTrainee  # noqa: PLC0415 (imports ray)
+
+        gpus = config.ray.worker_gpus
+        options = {
+          "num_cpus": ACTOR_CPUS,
+          "num_gpus": gpus,
+          "scheduling_strategy": "SPREAD",
+          "runtime_env": {"env_vars": _actor_environment(gpus)},
+        }
+        return RayRoundsTrainee(*arguments, None, started_ray=started, actor_options=options)
+      return RayTrainee(*arguments, model_bytes=self.model_bytes, started_ray=started)
     except BaseException:
       if started:
         ray_connection.shutdown()

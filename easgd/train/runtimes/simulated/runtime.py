@@ -118,7 +118,8 @@ class SimulatedRuntime(RuleRuntime):
         REPLAY.path,
         replay,
         f"replays a parameter-server rule's order of requests ({server_rules}); "
-        f"{config.algorithm} has none",
+        f"{config.algorithm} has none (a synchronous rule's rounds replay under "
+        "runtime=threads)",
       )
       trace.check_replay(config)
 

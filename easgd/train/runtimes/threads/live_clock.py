@@ -1,6 +1,8 @@
 """The measured clock of runtime=threads and runtime=ray."""
 
-from easgd.sim.clocks import RunTotals
+import numpy as np
+
+from easgd.sim.clocks import RoundTotals, RunTotals
 from easgd.sim.events import TickPacker
 
 
@@ -55,3 +57,41 @@ class LiveClock(RunTotals):
 # A two-tier group server's send: none in flight, sent (the global server is to apply
 # it), applied (its reply is to be merged).
 IDLE, SENT, APPLIED = 0, 1, 2
+
+
+class MeasuredRoundTotals(RoundTotals):
+  """A threads run's rounds: RoundTotals less the wait saved, which nothing measures
+  here (a dropped worker stops at the round's close; when it would have arrived is
+  never seen)."""
+
+  def scalars(self) -> dict[str, float]:
+    values = super().scalars()
+    del values["rounds/wait_saved_seconds"]
+    return values
+
+
+class RoundsClock(RunTotals):
+  """The measured clock of a synchronous rule under runtime=threads
+  (easgd.train.runtimes.threads.rounds): the run's totals, its rounds', and the
+  lines of its trace after the header (a resume cuts the trace back to them), and the
+  workers late for the last round, whose messages the next one takes."""
+
+  def __init__(self, num_workers: int):
+    super().__init__(num_workers)
+    self.round_totals = MeasuredRoundTotals()
+    self.events = 0
+    self.held = np.zeros(num_workers, bool)
+
+  def state_dict(self) -> dict:
+    return {
+      **super().state_dict(),
+      "rounds": self.round_totals.state_dict(),
+      "events": self.events,
+      "held": self.held.tolist(),
+    }
+
+  def load_state_dict(self, state: dict) -> None:
+    super().load_state_dict(state)
+    self.round_totals.load_state_dict(state["rounds"])
+    self.events = int(state["events"])
+    self.held = np.array(state["held"], bool)

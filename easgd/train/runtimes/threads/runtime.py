@@ -1,4 +1,5 @@
-"""runtime=threads: the parameter-server rules run for real on one host.
+"""runtime=threads: the parameter-server rules run for real on one host (the
+synchronous rules' rounds are easgd.train.runtimes.threads.rounds').
 
 The workers (easgd.train.runtimes.threads.workers) run in threads of their own; this
 module is their side of the training loop (easgd.train.loop). The loop's step s is tick
@@ -29,12 +30,14 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from easgd import assembly
 from easgd.data import augment as augment_lib
 from easgd.data import batches
 from easgd.errors import require
 from easgd.infra import profiler, sharding
 from easgd.infra.compile import compile_program
-from easgd.rules import AXIS, Rule, TrainState, tiers
+from easgd.rules import AXIS, RULES, Rule, TrainState, tiers
+from easgd.rules.outer import CenterRule
 from easgd.rules.spmd import exchange_key
 from easgd.sim import timing
 from easgd.train import loop
@@ -42,7 +45,9 @@ from easgd.train import setup as setup_lib
 from easgd.train.runtimes import trace as trace_lib
 from easgd.train.runtimes.rule_runtime import RuleReports, RuleRuntime, parameter_server_rules
 from easgd.train.runtimes.simulated.fields import REPLAY
+from easgd.train.runtimes.threads.layout import Layout
 from easgd.train.runtimes.threads.live_clock import LiveClock
+from easgd.train.runtimes.threads.rounds import RoundsTrainee
 from easgd.train.runtimes.threads.workers import Rows, TwoTier, Workers
 
 
@@ -156,8 +161,8 @@ class ThreadsTrainee(RuleReports):
     self.rng = state.rng
     self.cut = int(jax.device_get(state.step))  # the loop step of the last consistent cut
     self._loop_step = self.cut
-    self.devices = list(setup.mesh.devices.flat)
-    self.per_device = config.workers // len(self.devices)
+    self.layout = Layout(setup.mesh, config.workers)
+    self.devices, self.per_device = self.layout.devices, self.layout.per_device
     rows = self._split(state, setup.train_images, setup.train_labels)
     mean_times = cluster.mean_step_times(config.workers)
     pacing = (sent_bytes, mean_times / mean_times.min() - 1.0, rule.periods(cluster), self.cut)
@@ -174,57 +179,32 @@ class ThreadsTrainee(RuleReports):
   # Layout: the loop's sharded state <-> one row per worker on its device.
 
   def _split(self, state: TrainState, images, labels) -> Rows:
-    def row(leaf, worker):
-      device = self.devices[worker // self.per_device]
-      shard = next(s for s in leaf.addressable_shards if s.device == device)
-      local = worker % self.per_device
-      return shard.data[local : local + 1]
-
-    def rows(tree):
-      return [jax.tree.map(lambda leaf, j=j: row(leaf, j), tree) for j in range(len(labels))]
-
-    def on_center(tree):
-      return jax.tree.map(
-        lambda leaf: next(s.data for s in leaf.addressable_shards if s.device == self.devices[0]),
-        tree,
-      )
-
+    layout = self.layout
     return Rows(
-      workers=rows(state.workers),
-      worker_opt=rows(state.worker_opt),
-      images=[row(images, j) for j in range(len(labels))],
-      labels=[row(labels, j) for j in range(len(labels))],
+      workers=layout.rows(state.workers),
+      worker_opt=layout.rows(state.worker_opt),
+      images=layout.rows(images),
+      labels=layout.rows(labels),
       steps=[int(n) for n in np.asarray(jax.device_get(state.worker_steps))],
-      center=on_center(state.center),
-      center_opt=on_center(state.center_opt),
+      center=layout.on(state.center, self.devices[0]),
+      center_opt=layout.on(state.center_opt, self.devices[0]),
       rng_on={device: jax.device_put(state.rng, device) for device in self.devices},
     )
 
   @property
   def state(self) -> TrainState:
     """The training state at the last cut, in the simulated runtime's layout."""
-    mesh, pool = self.setup.mesh, self.pool
-    split, replicated = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
-
-    def stacked(rows):
-      def leaf(*per_worker):
-        parts = [
-          jnp.concatenate(per_worker[d * self.per_device : (d + 1) * self.per_device])
-          for d in range(len(self.devices))
-        ]
-        shape = (len(per_worker), *per_worker[0].shape[1:])
-        return jax.make_array_from_single_device_arrays(shape, split, parts)
-
-      return jax.tree.map(leaf, *rows)
-
+    pool, replicated = self.pool, NamedSharding(self.setup.mesh, P())
     return TrainState(
       step=jax.device_put(np.int32(self.cut), replicated),
       rng=self.rng,
       center=jax.device_put(pool.center, replicated),
       center_opt=jax.device_put(pool.center_opt_now(), replicated),
-      workers=stacked(pool.workers),
-      worker_opt=stacked(pool.worker_opt),
-      worker_steps=jax.device_put(np.asarray(pool.steps, np.int32), split),
+      workers=self.layout.stacked(pool.workers),
+      worker_opt=self.layout.stacked(pool.worker_opt),
+      worker_steps=jax.device_put(
+        np.asarray(pool.steps, np.int32), NamedSharding(self.setup.mesh, P(AXIS))
+      ),
     )
 
   def _compile(self, rule: Rule, setup: setup_lib.Setup, rows: Rows):
@@ -327,31 +307,57 @@ class ThreadsTrainee(RuleReports):
     super().close()
 
 
+def round_rules() -> tuple[str, ...]:
+  """The synchronous rules that runtime=threads runs (easgd.train.runtimes.threads.rounds):
+  the center family's, whose workers take local steps between rounds."""
+  return tuple(
+    name for name, rule in RULES.items() if issubclass(rule, CenterRule) and "drop" in rule.missed
+  )
+
+
+def exchange_ticks(config: ml_collections.ConfigDict) -> list[int]:
+  """The ticks of a run of `config` that end with its rule's exchange (a round)."""
+  rule = assembly.rule(config)
+  return [tick for tick in range(config.run.total_steps) if rule.exchanges_after(tick)]
+
+
 class ThreadsRuntime(RuleRuntime):
-  """The parameter-server rules, each worker in a thread of its own on one host."""
+  """The parameter-server rules, each worker in a thread of its own on one host; and the
+  center family's synchronous rules, each round closed on the workers' real arrivals."""
 
   name = "threads"
   spans_processes = False
   streams = False  # each worker reads its batches from its partition on its device
+  # A synchronous rule's trace replays here (a parameter-server rule's under simulated).
+  declares = (REPLAY,)
 
   @classmethod
   def algorithms(cls) -> tuple[str, ...]:
-    return parameter_server_rules()
+    return parameter_server_rules() + round_rules()
 
   @classmethod
   def runs(cls) -> str:
-    return f"the parameter-server rules ({', '.join(parameter_server_rules())})"
+    return (
+      f"the parameter-server rules ({', '.join(parameter_server_rules())}) and the "
+      f"synchronous rules with local steps ({', '.join(round_rules())})"
+    )
 
   @classmethod
   def check(cls, config: ml_collections.ConfigDict) -> None:
-    """It records a trace, which a replay drives the simulated runtime through, and
-    has no tick programs to profile."""
-    require(
-      not config.cluster.replay,
-      REPLAY.path,
-      config.cluster.replay,
-      f"a replay drives runtime=simulated; runtime={cls.name} records a new trace: leave it ''",
-    )
+    """A parameter-server rule's run records a trace, which a replay drives the
+    simulated runtime through; a synchronous rule's trace replays here. Neither has
+    tick programs to profile."""
+    if config.algorithm in round_rules():
+      if config.cluster.replay:
+        trace_lib.check_rounds_replay(config, exchange_ticks(config))
+    else:
+      require(
+        not config.cluster.replay,
+        REPLAY.path,
+        config.cluster.replay,
+        f"a parameter-server rule's trace replays under runtime=simulated; runtime={cls.name} "
+        "records a new one: leave it ''",
+      )
     require(
       not config.run.profile,
       profiler.PROFILE,
@@ -359,14 +365,16 @@ class ThreadsRuntime(RuleRuntime):
       f"profiles the simulated runtime's tick programs; with runtime={cls.name} leave it ''",
     )
 
-  def trainee(self, state, clock_state, resumed_at) -> ThreadsTrainee:
-    return ThreadsTrainee(
-      self.setup,
-      self.rule,
-      state,
-      self.cluster,
-      self.sent_bytes,
-      clock_state,
-      resumed_at,
-      model_bytes=self.model_bytes,
-    )
+  def _trainee_arguments(self, state, clock_state, resumed_at) -> tuple:
+    """What every trainee of this runtime (and of runtime=ray) starts from."""
+    return (self.setup, self.rule, state, self.cluster, self.sent_bytes, clock_state, resumed_at)
+
+  def trainee(self, state, clock_state, resumed_at):
+    config = self.setup.config
+    arguments = self._trainee_arguments(state, clock_state, resumed_at)
+    if config.algorithm in round_rules():
+      replayed = None
+      if config.cluster.replay:
+        replayed = trace_lib.check_rounds_replay(config, exchange_ticks(config))
+      return RoundsTrainee(*arguments, replayed)
+    return ThreadsTrainee(*arguments, model_bytes=self.model_bytes)
