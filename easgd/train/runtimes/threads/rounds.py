@@ -34,12 +34,14 @@ in the program): the round closes on the order the threads come in.
 
 Cuts. The loop's logs, evaluations and checkpoints see consistent cuts: at a step s
 inside a round every worker takes its steps up to s (no round closes), and the round
-goes on from there, a dropped worker then restarting from its row at the cut. A run
-resumed from a checkpoint inside a round starts from that cut, as the run that never
-stopped went on from it.
+goes on from there. A run resumed from a checkpoint inside a round starts from that
+cut, as the run that never stopped went on from it; a preemption notice stops the
+workers at the end of their round or at the next scheduled cut, whichever comes
+first, a point every run of the schedule reaches.
 
 The record. Each round is a line of WORKDIR/trace.jsonl (easgd.train.runtimes.trace:
-its members, each arrival and its close, in seconds after its first arrival).
+its members and late workers, each arrival and its close, in seconds after its first
+arrival).
 `cluster.replay=<trace>` under runtime=threads replays it: each round waits for the
 members it names, whatever their pace, and the others do not step; the programs,
 their inputs and their order are the run's, so the replay ends with the run's bits
