@@ -138,10 +138,24 @@ def header(config: ml_collections.ConfigDict) -> dict:
     "algorithm": config.algorithm,
     "workers": config.workers,
     "config": recorded_fields(config),
+    "schedule": schedule(config),
   }
   if tiers.TWO_TIER.of(config):
     first["groups"] = list(timing.GROUPS.of(config)) or [config.workers]
   return first
+
+
+def schedule(config: ml_collections.ConfigDict) -> dict:
+  """Where the run's cuts fall (its logs, evaluations and checkpoints): a synchronous
+  rule's rounds replay only under the schedule that recorded them, since a worker gone
+  for good keeps its row at the last cut, and so do a dropped worker's statistics when
+  they stay local (outer.batch_stats=local)."""
+  run = config.run
+  return {
+    "log_every": run.log_every,
+    "eval_every": run.eval_every,
+    "checkpoint_every": run.checkpoint_every,
+  }
 
 
 def server_groups(config: ml_collections.ConfigDict) -> int:
@@ -651,11 +665,18 @@ def check_rounds_replay(config: ml_collections.ConfigDict, exchanges: list[int])
   path = config.cluster.replay
   trace = read(path)
   _check_recorded(path, trace, recorded_fields(config), config.run.total_steps, [])
-  if trace.events or not trace.rounds:
+  if trace.events or (exchanges and not trace.rounds):
     raise ConfigError(
       f"cluster.replay={path!r} holds no rounds: runtime=threads replays the trace of a "
       "synchronous rule's run under runtime=threads (a parameter-server rule's trace "
       "replays under runtime=simulated)"
+    )
+  recorded = trace.header.get("schedule")
+  if recorded != schedule(config):
+    fields = ", ".join(f"run.{name}={value}" for name, value in (recorded or {}).items())
+    raise ConfigError(
+      f"cluster.replay={path!r} was recorded with its cuts at {fields or 'another schedule'}: "
+      "replay a synchronous rule's rounds under the schedule that recorded them"
     )
   rounds = {record["tick"]: (record["members"], record["late"]) for record in trace.rounds}
   inconsistent = f"cluster.replay={path!r} is inconsistent:"

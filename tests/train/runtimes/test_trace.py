@@ -348,6 +348,10 @@ def test_a_rounds_trace_is_checked_line_by_line_and_against_its_rule(tmp_path):
   assert replayed.gone == {1: 4}
   with pytest.raises(ConfigError, match="its rounds end other ticks than sync_easgd's"):
     trace.check_rounds_replay(config, [3])
+  other = config.copy_and_resolve_references()
+  other.run.log_every = 7  # its cuts elsewhere
+  with pytest.raises(ConfigError, match=r"recorded with its cuts at run.log_every=\d+"):
+    trace.check_rounds_replay(other, [3, 7])
 
   bodies = _bodies((tmp_path / trace.FILE).read_text().splitlines(keepends=True))
   cases = [

@@ -18,8 +18,9 @@ cluster.on_worker_loss:
   continue: the run goes on without it: absent from every later round, it takes no
             step from the tick its lost steps began at (a "gone" line of the trace);
   stop:     the run stops, naming the worker.
-The trace replays under runtime=threads: each round waits for its members, and a
-worker gone for good takes no step, whatever the worker processes did.
+The trace replays under runtime=threads: each round waits for its members, its
+dropped workers and those gone for good take no step, whatever the worker processes
+did.
 """
 
 import contextlib

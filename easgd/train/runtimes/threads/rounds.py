@@ -43,7 +43,8 @@ The record. Each round is a line of WORKDIR/trace.jsonl (easgd.train.runtimes.tr
 its members and late workers, each arrival and its close, in seconds after its first
 arrival).
 `cluster.replay=<trace>` under runtime=threads replays it: each round waits for the
-members it names, whatever their pace, and the others do not step; the programs,
+members it names, whatever their pace, its late workers take all their steps and its
+dropped ones none, under the schedule of cuts that recorded it; the programs,
 their inputs and their order are the run's, so the replay ends with the run's bits
 at every checkpoint (its times are its own).
 """
@@ -109,7 +110,8 @@ class Gate:
     self.closed_at: float | None = None
     self.gone: set[int] = set()  # workers whose process was lost (runtime=ray)
     self.failure: WorkerFailed | None = None
-    self.woken = threading.Event()  # set at the close: a straggler's sleep ends
+    # Set at the close under drop (a dropped straggler's sleep ends), or at a failure.
+    self.woken = threading.Event()
 
   def out(self, worker: int) -> bool:
     """Whether `worker` missed the round (it then stops stepping)."""
@@ -120,7 +122,7 @@ class Gate:
     return self.closed_at is not None and not self.members[worker] and not self.keeps_late
 
   def pause(self, seconds: float) -> None:
-    """A straggler's sleep, which the round's close ends."""
+    """A straggler's sleep, which the round's close ends under drop."""
     self.woken.wait(seconds)
 
   def arrive(self, worker: int) -> None:
@@ -172,7 +174,8 @@ class Gate:
         # Before closed_at: a worker that sees the round closed (`out`) reads them.
         self.members = np.array([a is not None for a in self.arrivals])
       self.closed_at = time.perf_counter()
-      self.woken.set()
+      if not self.keeps_late:
+        self.woken.set()  # a late worker sleeps on: it is as slow as before
       if not self.members.any():
         raise WorkerFailed("a round closed without a worker: every worker's process was lost")
       return self.members.copy()
@@ -351,9 +354,11 @@ class RoundsTrainee(RuleReports):
     """The workers gone for good (runtime=ray's cluster.on_worker_loss=continue), who
     take no step from tick `start` on: the run's, or the replayed trace's."""
     if self.replayed is not None:
-      for j, tick in self.replayed.gone.items():
+      for j, tick in sorted(self.replayed.gone.items()):
         if tick <= start and j not in self.clock.gone:
           self.clock.gone.append(j)
+          self.trace.gone(j, tick)  # the replay's trace replays too
+          self.clock.events += 1
     return set(self.clock.gone)
 
   def _segment(self, end: int, exchange: bool) -> dict[str, list[float]]:
@@ -378,7 +383,9 @@ class RoundsTrainee(RuleReports):
       if exchange:
         try:
           members = gate.close()
-        except BaseException:
+        except BaseException as error:
+          if not isinstance(error, WorkerFailed):  # e.g. an interrupt: the workers stop too
+            gate.fail(WorkerFailed(f"the round at tick {end} was interrupted"))
           self._closed(gate, None)
           raise
         self._closed(gate, members)
