@@ -413,10 +413,10 @@ class RoundsTrainee(RuleReports):
       self._set(self._stacked(rows, end))
       self.at = end
     # A worker gone for good took no step since: the program's heal counts them.
-    taken = np.array(jax.device_get(self._state.worker_steps))
+    counts = np.array(jax.device_get(self._state.worker_steps))
     for j in self.clock.gone:
-      taken[j] = self.clock.worker_steps[j]
-    self.clock.worker_steps[:] = taken
+      counts[j] = self.clock.worker_steps[j]
+    self.clock.worker_steps[:] = counts
     self.clock.time += time.perf_counter() - began
     self.totals.add_steps(sum(len(work.losses) for work in done))
     return values
@@ -458,8 +458,9 @@ class RoundsTrainee(RuleReports):
     gone = np.isin(np.arange(count), list(self.clock.gone))
     counted = rounds.Round(members, late, dropped & ~gone, tick.round.held)
     clock.round_totals.add(counted, end + 1 - self.round_start)
-    clock.requests += members
-    clock.bytes_sent += members * self.sent_bytes
+    sent = members | late  # a late worker sends its message too, on arrival
+    clock.requests += sent
+    clock.bytes_sent += sent * self.sent_bytes
     clock.held = late
     arrivals, closed = gate.record()
     self.trace.round(end, members.tolist(), late.tolist(), arrivals, closed)
