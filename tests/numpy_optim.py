@@ -333,3 +333,92 @@ def center_family_in_rounds(
     workers, center = new_workers, new_center
     history.append(([dict(w) for w in workers], dict(center)))
   return history
+
+
+def streaming_in_rounds(
+  x0,
+  batches,
+  grad,
+  inner,
+  tau,
+  fragments,
+  delay,
+  pull,
+  memberships,
+  outer=None,
+  alpha=0.0,
+  merge=1.0,
+):
+  """The streaming rules whose fragments' rounds close at a quorum; returns
+  [(workers, center)] after each step, as `streaming`.
+
+  memberships[r] = (members, late, dropped), sets of workers, for the r-th send (of
+  whichever fragment it is). Each step: every worker steps; a result due at t (sent
+  d steps before) is applied; fragment f is sent if due. A send of f takes its
+  members' d_i,f and the messages H_f its late workers sent at f's send before, at
+  w = 1/sqrt(2): S_f = sum_{i in M} d_i,f + w sum_{j in H_f} h_j, C = |M| + |H_f|; the
+  late workers' d_j,f are held for f's next send. A dropped worker becomes a copy of
+  the lowest-numbered member: its parameters, inner state and the differences it has
+  in flight. d steps later (d = 0: the same step) the result is applied as the
+  round's mean S_f / C: reset: x~_f <- x~_f + outer step of -S_f/C, x_i,f <- merge*x~_f
+  + (1 - merge)*x_i,f; elastic: x~_f <- x~_f + P*alpha*S_f/C, x_i,f <- x_i,f - alpha*d_i,f;
+  a worker dropped from that send takes x~_f as it is.
+  """
+  num_workers, count = len(batches[0]), len(fragments)
+  spacing, weight = tau // count, 1 / math.sqrt(2)
+  workers = [dict(x0) for _ in range(num_workers)]
+  states = [inner.init(x0) for _ in range(num_workers)]
+  center = dict(x0)
+  outer_states = [outer.init({k: x0[k] for k in names}) for names in fragments] if outer else None
+  held = [{} for _ in fragments]  # fragment -> {late worker: its message}
+  arriving = {}  # t -> (fragment, each worker's difference, the round's S_f/C, the dropped)
+  rounds = iter(memberships)
+  history = []
+
+  def apply_due(t):
+    if t not in arriving:
+      return
+    f, differences, mean, dropped = arriving.pop(t)
+    names = fragments[f]
+    if pull == "reset":
+      step, outer_states[f] = outer.update(
+        {k: -mean[k] for k in names}, outer_states[f], {k: center[k] for k in names}
+      )
+      center.update({k: center[k] + step[k] for k in names})
+    else:
+      center.update({k: center[k] + num_workers * alpha * mean[k] for k in names})
+    for i, w in enumerate(workers):
+      if i in dropped:
+        w.update({k: center[k] for k in names})
+      elif pull == "reset":
+        w.update({k: merge * center[k] + (1 - merge) * w[k] for k in names})
+      else:
+        w.update({k: w[k] - alpha * differences[i][k] for k in names})
+
+  for t, step_batches in enumerate(batches, start=1):
+    before = [dict(w) for w in workers]
+    workers[:] = _local_steps(workers, states, step_batches, grad, inner)
+    apply_due(t)
+    for f, names in enumerate(fragments):
+      if not ((t - f * spacing) % tau == 0 and t >= f * spacing):
+        continue
+      members, late, dropped = next(rounds)
+      read = workers if pull == "reset" else before
+      differences = [{k: r[k] - center[k] for k in names} for r in read]
+      contributions = len(members) + len(held[f])
+      mean = {
+        k: (sum(differences[i][k] for i in members) + weight * sum(h[k] for h in held[f].values()))
+        / contributions
+        for k in names
+      }
+      held[f] = {j: differences[j] for j in late}
+      first = min(members)
+      for j in dropped:
+        workers[j] = dict(workers[first])
+        states[j] = copy.deepcopy(states[first])
+        for _, in_flight, _, _ in arriving.values():
+          in_flight[j] = in_flight[first]
+      arriving[t + delay] = (f, differences, mean, set(dropped))
+    apply_due(t)
+    history.append(([dict(w) for w in workers], dict(center)))
+  return history

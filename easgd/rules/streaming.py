@@ -24,6 +24,16 @@ so a fragment's result is applied before it is sent again. With F = 1, d = 0
 and merge = 1, streaming_diloco is diloco, and streaming_easgd with F = 1 and
 d = 0 is sync_easgd, bit for bit. BatchNorm statistics go with their layer's
 fragment, as the center family moves them (averaged; or never sent when local).
+
+At a quorum (easgd.sim.rounds, easgd.rules.quorum) each send of a fragment is a
+round of its own: total_f is the round's sum over its members' messages and the
+late messages of that fragment's round before (at 1/sqrt(2)), scaled to P
+contributions; a late worker's message waits for its fragment's next send. A
+dropped worker heals at the send as torchft's replica behind a quorum does, from
+a peer's whole state (the round's first member's parameters, inner state and
+in-flight differences; its local statistics and residual its own), since its
+steps moved every fragment; d steps later it takes fragment f's result as it is.
+With F = 1 and d = 0 that is the center family's heal, bit for bit.
 """
 
 import types
@@ -34,13 +44,13 @@ from jax import lax
 
 from easgd.declare import Field, Shapes, integer, number
 from easgd.errors import ConfigError
-from easgd.rules import exchange, fragments, model_state
+from easgd.rules import exchange, fragments, model_state, quorum
 from easgd.rules.base import BASE_READS, ELASTIC_READS, Pull
 from easgd.rules.optimizers import local_update, step_metrics
 from easgd.rules.outer import OUTER_READS, CenterRule
 from easgd.rules.spmd import exchange_key, sum_over_workers
 from easgd.rules.state import initial_state, stack_workers
-from easgd.sim import clocks
+from easgd.sim import clocks, rounds
 
 # The streaming fields, each off at the value that leaves streaming out (one fragment,
 # no delay, the reset itself): what an algorithm that does not read it needs.
@@ -82,6 +92,7 @@ class StreamingRule(CenterRule):
   """The streaming family: see the module docstring. Subclasses set the pull."""
 
   declares = (FRAGMENTS, SYNC_DELAY, MERGE)
+  missed = rounds.MISSED
 
   @classmethod
   def check_model(cls, hyper, shapes):
@@ -122,6 +133,9 @@ class StreamingRule(CenterRule):
     worker_opt = self.worker_opt(workers)
     if self.pull == Pull.ELASTIC:
       worker_opt["in_flight"] = jax.tree.map(jnp.zeros_like, workers)
+    if self.heals():
+      # Each worker's drop from each fragment's last round: applied with its result.
+      worker_opt["dropped"] = jnp.zeros((count, self.fragments.count), jnp.float32)
     return initial_state(rng, params, center_opt, workers, worker_opt, count)
 
   def make_clock(self, cluster, model_bytes, seed, sent_bytes=None):
@@ -137,7 +151,12 @@ class StreamingRule(CenterRule):
       self.period,
       fragment_bytes=self.fragment_bytes,
       delay=self.hyper.sync_delay,
+      policy=self.round_policy,
     )
+
+  def heals(self) -> bool:
+    """Whether its rounds drop (and heal) the workers that miss them."""
+    return self.round_policy is not None and self.round_policy.missed == "drop"
 
   def fragment_at(self, steps_taken: jax.Array, count: int) -> jax.Array:
     """The fragment sent when `steps_taken` steps are done (-1: none): the f with
@@ -148,14 +167,19 @@ class StreamingRule(CenterRule):
     return jnp.where((steps_taken >= 1) & (phase % spacing == 0), phase // spacing, -1)
 
   def step(self, state, batch, loss_fn, tick):
-    del tick
     parts = self.fragments_of(state.center)
     updates, inner_state, _, loss, aux = local_update(
       self.inner, state.workers, state.worker_opt["inner"], batch, loss_fn
     )
     taken = state.step + 1
     delay = self.hyper.sync_delay
-    carry = (state.workers, state.center, state.center_opt, dict(state.worker_opt))
+    # The inner state rides in the carry: a round's drop heals it.
+    carry = (
+      state.workers,
+      state.center,
+      state.center_opt,
+      {**state.worker_opt, "inner": inner_state},
+    )
 
     # x_i + u_i is formed inside each branch, as the center family forms it, so
     # that XLA compiles the same arithmetic (and diloco's and sync_easgd's bits).
@@ -169,8 +193,9 @@ class StreamingRule(CenterRule):
       def exchanged(carry):
         workers, center, center_opt, worker_opt = carry
         stepped = jax.tree.map(jnp.add, workers, updates)
-        center_opt, worker_opt = self._send(state, parts, f, stepped, center_opt, worker_opt)
-        return self._apply(parts, f, workers, updates, center, center_opt, worker_opt)
+        sent = self._send(state, parts, f, stepped, center_opt, worker_opt, tick)
+        stepped, center_opt, worker_opt = sent
+        return self._apply(parts, f, workers, stepped, center, center_opt, worker_opt)
 
       return exchanged
 
@@ -178,7 +203,9 @@ class StreamingRule(CenterRule):
       """Fragment f's result applied, d steps after it was sent."""
 
       def apply(carry):
-        return self._apply(parts, f, carry[0], updates, *carry[1:])
+        workers = carry[0]
+        stepped = jax.tree.map(jnp.add, workers, updates)
+        return self._apply(parts, f, workers, stepped, *carry[1:])
 
       return apply
 
@@ -187,7 +214,9 @@ class StreamingRule(CenterRule):
 
       def send(carry):
         stepped, center, center_opt, worker_opt = carry
-        center_opt, worker_opt = self._send(state, parts, f, stepped, center_opt, worker_opt)
+        stepped, center_opt, worker_opt = self._send(
+          state, parts, f, stepped, center_opt, worker_opt, tick
+        )
         return stepped, center, center_opt, worker_opt
 
       return send
@@ -206,15 +235,18 @@ class StreamingRule(CenterRule):
       workers=workers,
       center=center,
       center_opt=center_opt,
-      worker_opt={**worker_opt, "inner": inner_state},
+      worker_opt=worker_opt,
       worker_steps=state.worker_steps + 1,
     )
     learning_rate = self.learning_rate(state.worker_steps)
     return new_state, step_metrics(loss, aux, self.hyper, learning_rate)
 
-  def _send(self, state, parts, f, stepped, center_opt, worker_opt):
+  def _send(self, state, parts, f, stepped, center_opt, worker_opt, tick):
     """Fragment f's messages, summed into the in-flight total: Q(r_i - x~) with r_i the
-    stepped worker (reset pull) or the worker from before the step (elastic)."""
+    stepped worker (reset pull) or the worker from before the step (elastic). Under a
+    round policy the round's sum (easgd.rules.quorum), a late worker's message held
+    for its fragment's next round, and a dropped worker healed from the round's
+    first member. Returns (the stepped workers, center_opt, worker_opt)."""
     read = stepped if self.pull == Pull.RESET else state.workers
     distance = model_state.exchanged(
       jax.tree.map(lambda x, c: x - c, parts.take(read, f), parts.take(state.center, f)),
@@ -225,17 +257,47 @@ class StreamingRule(CenterRule):
     if residual is not None:
       residual = parts.take(residual, f)
     messages, left = self.compress(distance, residual, exchange_key(state), count)
+    if self.round_policy is None:
+      total = sum_over_workers(messages, self.hyper.deterministic_sums)
+    else:
+      held = worker_opt.get("held")
+      taken = None if held is None else parts.take(held, f)
+      total = quorum.total(messages, taken, tick, count, self.hyper.deterministic_sums)
+      left = quorum.keep_unsent(left, residual, tick, count)
+      if held is not None:
+        worker_opt = dict(worker_opt, held=parts.put(held, f, quorum.hold(messages, tick, count)))
     if left is not None:
       worker_opt = dict(worker_opt, residual=parts.put(worker_opt["residual"], f, left))
-    total = sum_over_workers(messages, self.hyper.deterministic_sums)
     center_opt = dict(center_opt, in_flight=parts.put(center_opt["in_flight"], f, total))
     if self.pull == Pull.ELASTIC:
       worker_opt = dict(worker_opt, in_flight=parts.put(worker_opt["in_flight"], f, distance))
-    return center_opt, worker_opt
+    if self.heals():
+      stepped, worker_opt = self._heal(f, stepped, worker_opt, tick, count)
+    return stepped, center_opt, worker_opt
 
-  def _apply(self, parts, f, workers, updates, center, center_opt, worker_opt):
-    """Every worker's step (x_i + u_i), with fragment f's in-flight result applied to the
-    center and pulled into the workers. Returns the carry."""
+  def _heal(self, f, stepped, worker_opt, tick, count):
+    """A dropped worker abandons its steps and takes the state of the round's first
+    member, as torchft's replica behind the quorum downloads a peer's: its parameters
+    (its own statistics kept when they are local), inner optimizer state and
+    in-flight differences; its residual is its own (it sent nothing). Its drop is
+    kept for fragment f's result, which it takes as it is."""
+    dropped = quorum.rows(tick, "dropped", count)
+    copied = quorum.from_first_member(stepped, tick, count)
+    if model_state.has_stats(stepped) and not self.hyper.average_stats:
+      copied = dict(copied, **{model_state.STATS: stepped[model_state.STATS]})
+    stepped = quorum.select(dropped, copied, stepped)
+    worker_opt = dict(worker_opt)
+    for key in ("inner", "in_flight"):
+      if key in worker_opt:
+        first = quorum.from_first_member(worker_opt[key], tick, count)
+        worker_opt[key] = quorum.select(dropped, first, worker_opt[key])
+    worker_opt["dropped"] = worker_opt["dropped"].at[:, f].set(dropped)
+    return stepped, worker_opt
+
+  def _apply(self, parts, f, workers, stepped, center, center_opt, worker_opt):
+    """The stepped workers (x_i + u_i, healed where a round dropped them) with fragment
+    f's in-flight result applied to the center and pulled into the workers. Returns
+    the carry."""
     total = parts.take(center_opt["in_flight"], f)
     outer = self.outer()
     if outer is None:
@@ -248,28 +310,30 @@ class StreamingRule(CenterRule):
       outer_states = tuple(state_f if g == f else s for g, s in enumerate(center_opt["outer"]))
     center = parts.put(center, f, moved)
     center_opt = dict(center_opt, outer=outer_states)
-    stepped = jax.tree.map(jnp.add, workers, updates)
+    count = jax.tree.leaves(workers)[0].shape[0]
+    local = parts.take(stepped, f)
+    reset = self._reset(moved, local, count)
     if self.pull == Pull.ELASTIC:
-      # Each worker pulls itself by its own exact difference, as sent.
+      # Each worker pulls itself by its own exact difference, as sent: x_i + u_i - alpha*d_i
+      # (x_i + u_i is the stepped worker, a healed one's as its peer's).
       alpha = self.hyper.moving_rate
       pulled = jax.tree.map(
-        lambda x, u, d: x + u - alpha * d,
-        parts.take(workers, f),
-        parts.take(updates, f),
-        parts.take(worker_opt["in_flight"], f),
+        lambda x, d: x - alpha * d, local, parts.take(worker_opt["in_flight"], f)
       )
-      return parts.put(stepped, f, pulled), center, center_opt, worker_opt
-    count = jax.tree.leaves(workers)[0].shape[0]
-    merge = self.hyper.merge
-    reset = self._reset(moved, parts.take(stepped, f), count)
-    if merge != 1.0:
-      # merge = 1 is the reset itself; statistics kept local stay the worker's.
-      local = parts.take(stepped, f)
-      merged = jax.tree.map(lambda g, x: merge * g + (1.0 - merge) * x, reset, local)
-      if model_state.has_stats(local) and not self.hyper.average_stats:
-        merged = dict(merged, **{model_state.STATS: local[model_state.STATS]})
-      reset = merged
-    return parts.put(stepped, f, reset), center, center_opt, worker_opt
+    else:
+      pulled = reset
+      merge = self.hyper.merge
+      if merge != 1.0:
+        # merge = 1 is the reset itself; statistics kept local stay the worker's.
+        merged = jax.tree.map(lambda g, x: merge * g + (1.0 - merge) * x, reset, local)
+        if model_state.has_stats(local) and not self.hyper.average_stats:
+          merged = dict(merged, **{model_state.STATS: local[model_state.STATS]})
+        pulled = merged
+    if self.heals():
+      # A worker dropped from the round takes its result as it is: it has no work of
+      # its own on the fragment to pull or merge.
+      pulled = quorum.select(worker_opt["dropped"][:, f], reset, pulled)
+    return parts.put(stepped, f, pulled), center, center_opt, worker_opt
 
 
 # The streaming rules' own defaults: without them a rule would be its family's
@@ -291,6 +355,7 @@ class StreamingDiLoCo(StreamingRule):
     *STREAMING_READS,
     MERGE.path,
     exchange.ERROR_FEEDBACK.path,
+    *rounds.READS,
   )
 
 
@@ -302,7 +367,13 @@ class StreamingEASGD(StreamingRule):
   defaults = STREAMING_DEFAULTS
   elastic = True
   pulls = (Pull.ELASTIC,)
-  reads = (*BASE_READS, *ELASTIC_READS, *STREAMING_READS, exchange.ERROR_FEEDBACK.path)
+  reads = (
+    *BASE_READS,
+    *ELASTIC_READS,
+    *STREAMING_READS,
+    exchange.ERROR_FEEDBACK.path,
+    *rounds.READS,
+  )
 
   def outer_settings(self):
     return None

@@ -300,17 +300,21 @@ class SyncClock(Clock):
     # The same cluster's schedule waiting for every worker, beside it (what it saves).
     self._waiting = None
     if policy is not None:
-      self._waiting = SyncClock(
-        cluster,
-        num_workers,
-        model_bytes,
-        seed,
-        period,
-        sent_bytes,
-        exchanges_after=exchanges_after,
-        levels=levels,
-        level_exchanges=level_exchanges,
-      )
+      self._waiting = self._waiting_for_all(sent_bytes, exchanges_after, levels, level_exchanges)
+
+  def _waiting_for_all(self, sent_bytes, exchanges_after, levels, level_exchanges) -> "SyncClock":
+    """This clock's schedule without a round policy: every round waits for every worker."""
+    return SyncClock(
+      self.cluster,
+      self.num_workers,
+      self.model_bytes,
+      self.seed,
+      self.period,
+      sent_bytes,
+      exchanges_after=exchanges_after,
+      levels=levels,
+      level_exchanges=level_exchanges,
+    )
 
   def _advance(self) -> Tick:
     step = self.steps
@@ -449,36 +453,107 @@ class StreamingClock(SyncClock):
   `delay` steps. It starts when the slowest worker has sent, and a worker
   waits for its end only `delay` steps later, when the result is applied;
   with F = 1 and no delay this is SyncClock's schedule.
+
+  Under a round policy (easgd.sim.rounds) each send is a round of its fragment:
+  it closes at T (and not before the late messages of that fragment's round
+  before have arrived), its all-reduce of the members' messages ends at T + c,
+  and each worker waits for it `delay` steps later. A dropped worker abandons
+  its steps in progress at T, taking a member's state (easgd.rules.streaming),
+  and goes on from there; a late one sends at its arrival a_j, and waits for
+  a_j + c. With F = 1 and no delay this is SyncClock's rounds.
   """
 
-  def __init__(self, cluster, num_workers, model_bytes, seed, period, fragment_bytes, delay):
-    super().__init__(cluster, num_workers, model_bytes, seed, period)
+  def __init__(
+    self, cluster, num_workers, model_bytes, seed, period, fragment_bytes, delay, policy=None
+  ):
     self.fragment_bytes = [float(size) for size in fragment_bytes]
     self.delay = delay
-    # Step count at which a result is applied -> the time its all-reduce ends.
-    self._arrivals: dict[int, float] = {}
+    super().__init__(cluster, num_workers, model_bytes, seed, period, policy=policy)
+    # Step count at which a result is applied -> when each worker has it, [P].
+    self._arrivals: dict[int, np.ndarray] = {}
+    # Under a round policy, each fragment's late workers of its last round, and when
+    # their messages arrive (its next round closes no sooner).
+    count = len(self.fragment_bytes)
+    self._fragment_held = np.zeros((count, num_workers), bool)
+    self._fragment_held_until = [-math.inf] * count
 
-  def _exchanges_at_this_step(self) -> list[tuple[int, float]]:
-    """Fragment f's bytes when (t - f*period/F) mod period == 0, t = `self.steps`."""
+  def _waiting_for_all(self, sent_bytes, exchanges_after, levels, level_exchanges):
+    del sent_bytes, exchanges_after, levels, level_exchanges
+    return StreamingClock(
+      self.cluster,
+      self.num_workers,
+      self.model_bytes,
+      self.seed,
+      self.period,
+      self.fragment_bytes,
+      self.delay,
+    )
+
+  def _fragment(self) -> int | None:
+    """The fragment f sent at the end of this step, (t - f*period/F) mod period == 0 with
+    t = `self.steps`; None: none."""
     spacing = self.period // len(self.fragment_bytes)
     phase = self.steps % self.period
-    return [(0, self.fragment_bytes[phase // spacing])] if phase % spacing == 0 else []
+    return phase // spacing if phase % spacing == 0 else None
+
+  def _exchanges_at_this_step(self) -> list[tuple[int, float]]:
+    """Fragment f's bytes when it is sent at the end of this step."""
+    fragment = self._fragment()
+    return [] if fragment is None else [(0, self.fragment_bytes[fragment])]
 
   def _all_reduced(self, end: float) -> None:
     # The workers go on; they wait for it when its result is applied.
-    self._arrivals[self.steps + self.delay] = end
+    self._arrivals[self.steps + self.delay] = np.full(self.num_workers, end)
+
+  def _close_round(self, seconds: float) -> rounds.Round:
+    fragment = self._fragment()
+    arrivals = self._worker_time.copy()
+    close = max(self.policy.closing_time(arrivals), self._fragment_held_until[fragment])
+    members = arrivals <= close
+    missed = ~members
+    late = missed if self.policy.missed == "late" else np.zeros_like(missed)
+    dropped = missed & ~late
+    this_round = rounds.Round(
+      members=members, late=late, dropped=dropped, held=self._fragment_held[fragment].copy()
+    )
+    ends = np.full(self.num_workers, close + seconds)
+    ends[late] = arrivals[late] + seconds
+    self._arrivals[self.steps + self.delay] = ends
+    self._worker_time[dropped] = close
+    self._fragment_held[fragment] = late
+    self._fragment_held_until[fragment] = float(arrivals[late].max()) if late.any() else -math.inf
+    self.round_totals.add(this_round, self.steps - self._last_exchange)
+    self._last_exchange = self.steps
+    return this_round
 
   def _apply_arrivals(self) -> None:
     if self.steps in self._arrivals:
       np.maximum(self._worker_time, self._arrivals.pop(self.steps), out=self._worker_time)
 
   def state_dict(self):
-    arrivals = [[step, end] for step, end in sorted(self._arrivals.items())]
-    return {**super().state_dict(), "arrivals": arrivals}
+    arrivals = [[step, ends.tolist()] for step, ends in sorted(self._arrivals.items())]
+    state = {**super().state_dict(), "arrivals": arrivals}
+    if self.round_totals is not None:
+      state["fragment_rounds"] = {
+        "held": self._fragment_held.tolist(),
+        # None: no late message (JSON has no -inf).
+        "held_until": [None if u == -math.inf else u for u in self._fragment_held_until],
+      }
+    return state
 
   def load_state_dict(self, state):
     super().load_state_dict(state)
-    self._arrivals = {int(step): float(end) for step, end in state["arrivals"]}
+    # An end saved as one number (before rounds) is every worker's.
+    self._arrivals = {
+      int(step): np.broadcast_to(np.asarray(ends, np.float64), (self.num_workers,)).copy()
+      for step, ends in state["arrivals"]
+    }
+    if self.round_totals is not None:
+      saved = state["fragment_rounds"]
+      self._fragment_held = np.array(saved["held"], bool)
+      self._fragment_held_until = [
+        -math.inf if u is None else float(u) for u in saved["held_until"]
+      ]
 
   def peak_bytes_per_step(self) -> float:
     """The most bytes a worker sends in one step: one all-reduce of the largest fragment."""

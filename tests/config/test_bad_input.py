@@ -405,7 +405,7 @@ def test_an_argument_within_its_bounds_is_its_value():
 )
 def test_a_round_policy_a_rule_cannot_honour_is_refused_in_one_line(algorithm, field, value):
   """Quorum rounds belong to the synchronous rules whose exchange can close without some
-  workers (the parameter-server rules, the pipeline, the streaming, hierarchical and
+  workers (the parameter-server rules, the pipeline, the hierarchical and
   gossip rules have none); sync_sgd's and post_local_sgd's shared x cannot take a
   gradient late, and post_local_sgd's average of models no absent zeros."""
   takes = "outer.quorum" in hyperparameters.reads(algorithm)

@@ -48,6 +48,15 @@ def as_round(members, late, dropped, held, num_workers=WORKERS) -> rounds.Round:
   return rounds.Round(mask(members), mask(late), mask(dropped), mask(held))
 
 
+def exchange_at(rule, t) -> int | None:
+  """What step t (steps taken before it) ends with an exchange of: a streaming rule's
+  fragment, sent; 0 for every other rule's exchange (`exchanges_after`); None: none."""
+  if hasattr(rule, "fragment_at"):
+    fragment = int(rule.fragment_at(t + 1, rule.hyper.fragments))
+    return fragment if fragment >= 0 else None
+  return 0 if rule.exchanges_after(t) else None
+
+
 def run_in_rounds(name, hyper, x0, batches, memberships, num_devices=2):
   """The rule's compiled step, each exchange step's tick carrying its round."""
   mesh = sharding.make_mesh(num_devices)
@@ -55,13 +64,15 @@ def run_in_rounds(name, hyper, x0, batches, memberships, num_devices=2):
   params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), x0)
   state = steps.init_state(rule, params, jax.random.PRNGKey(0), mesh)
   step = steps.build_rule_step(rule, loss_fn, mesh, state)
-  history, held, schedule = [], set(), iter(memberships)
+  # The late workers of each fragment's round before (one fragment, but the streaming rules').
+  history, held, schedule = [], {}, iter(memberships)
   for t, batch in enumerate(batches):
     tick = ticks.Tick.empty(hyper.num_workers)
-    if rule.round_policy is not None and rule.exchanges_after(t):
+    fragment = exchange_at(rule, t)
+    if rule.round_policy is not None and fragment is not None:
       members, late, dropped = next(schedule)
-      tick.round = as_round(members, late, dropped, held, hyper.num_workers)
-      held = late
+      tick.round = as_round(members, late, dropped, held.get(fragment, set()), hyper.num_workers)
+      held[fragment] = late
     inputs = rule.tick_inputs(tick)
     state, _ = step(state, jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), batch), inputs)
     history.append(jax.device_get(state))
@@ -114,6 +125,75 @@ def test_rounds_follow_their_equations(name, missed):
     x0, [per_worker(b) for b in batches], numpy_grad, inner(), TAU, pull, outer(), schedule, alpha
   )
   assert_follows(actual, expected)
+
+
+STREAMING_TAU, STREAMING_STEPS = 4, 13
+# name -> (hyper-parameters, pull, NumPy outer optimizer, alpha, merge): two fragments,
+# each result a step after its send (streaming_diloco merging, its drop kept till then).
+STREAMING = {
+  "streaming_diloco": (
+    dict(outer_learning_rate=0.7, outer_momentum=0.9, outer_nesterov=True, merge=0.5),
+    "reset",
+    lambda: numpy_optim.sgd(0.7, mu=0.9, nesterov=True),
+    0.0,
+    0.5,
+  ),
+  "streaming_easgd": (dict(), "elastic", lambda: None, ALPHA, 1.0),
+}
+
+
+@pytest.mark.parametrize("missed", rounds.MISSED)
+@pytest.mark.parametrize("name", sorted(STREAMING))
+def test_streaming_rounds_follow_their_equations(name, missed):
+  """Six sends, alternating fragments: a late message held for its own fragment's next
+  send, a dropped worker a member's copy that takes its fragment's result as it is."""
+  values, pull, outer, alpha, merge = STREAMING[name]
+  x0, batches = make_problem(num_workers=WORKERS, steps_count=STREAMING_STEPS)
+  schedule = membership(missed) * 2
+  settings = hyper(
+    missed,
+    comm_period=STREAMING_TAU,
+    fragments=2,
+    sync_delay=1,
+    momentum=0.9,
+    **values,
+  )
+  actual = run_in_rounds(name, settings, x0, batches, schedule)
+  expected = numpy_optim.streaming_in_rounds(
+    x0,
+    [per_worker(b) for b in batches],
+    numpy_grad,
+    numpy_optim.sgd(ETA, mu=0.9),
+    STREAMING_TAU,
+    [["b"], ["w"]],  # the least-squares model's two blocks, in leaf order
+    1,
+    pull,
+    schedule,
+    outer=outer(),
+    alpha=alpha,
+    merge=merge,
+  )
+  assert_follows(actual, expected)
+
+
+@pytest.mark.parametrize(
+  "name,member,missed",
+  [("streaming_diloco", "diloco", "late"), ("streaming_easgd", "sync_easgd", "drop")],
+)
+def test_one_streamed_fragment_without_delay_is_its_familys_member_in_rounds(name, member, missed):
+  """F = 1, d = 0: the same rounds train the family member's bits (a dropped worker's
+  copy of a member, then the round's result, is the member's heal)."""
+  values = {k: v for k, v in STREAMING[name][0].items() if k != "merge"}
+  x0, batches = make_problem(num_workers=WORKERS)
+  settings = hyper(missed, fragments=1, sync_delay=0, momentum=0.9, **values)
+  schedule = membership(missed)
+  streamed = run_in_rounds(name, settings, x0, batches, schedule)
+  plain = run_in_rounds(member, settings, x0, batches, schedule)
+  for a, b in zip(streamed, plain, strict=True):
+    for x, y in zip(
+      jax.tree.leaves((a.center, a.workers)), jax.tree.leaves((b.center, b.workers)), strict=True
+    ):
+      np.testing.assert_array_equal(x, y)
 
 
 def test_a_fixed_world_size_divides_by_the_workers():

@@ -9,11 +9,11 @@ from test_outer import assert_follows
 from test_rules import ALPHA, ETA, make_problem, per_worker, run_rule
 
 import numpy_optim
-from easgd import rules
+from easgd import assembly, rules
 from easgd.rules import fragments
 from easgd.sim import clocks, timing
 from least_squares import numpy_grad
-from runs import assert_stopped_and_resumed_ends_as_never_stopped
+from runs import assert_stopped_and_resumed_ends_as_never_stopped, small_config
 
 TAU, STEPS = 4, 13
 OUTER = dict(outer_learning_rate=0.7, outer_momentum=0.9, outer_nesterov=True)
@@ -162,11 +162,24 @@ def test_the_clock_sends_one_fragment_at_a_time_and_overlaps_its_delay():
 
 @pytest.mark.e2e
 def test_a_run_resumed_with_a_fragment_in_flight_ends_as_one_never_stopped(tmp_path):
-  """Stopped after step 22, when fragment 1 was sent and is applied a step later."""
+  """Stopped after step 22, when fragment 1 was sent at a quorum that dropped workers:
+  its result is applied a step later, merged into the members and taken as it is by
+  the dropped (their drop is in the checkpoint)."""
   overrides = {
     "outer.moving_rate": 0.0,
     "outer.fragments": 2,
     "outer.sync_delay": 1,
     "outer.merge": 0.5,
+    "outer.quorum": 0.5,
+    "cluster.stragglers": (2, 3),
   }
+  config = small_config(overrides, algorithm="streaming_diloco")
+  # The stragglers are dropped from every round whatever the fragments' sizes.
+  cluster, policy = timing.Cluster.from_config(config.cluster), assembly.rule(config).round_policy
+  period = config.outer.comm_period
+  clock = clocks.StreamingClock(
+    cluster, config.workers, 1e4, config.seed, period, [5e3] * 2, 1, policy
+  )
+  last = [clock.next_tick() for _ in range(22)][-1]
+  assert last.round is not None and last.round.dropped.any()  # applied after the stop
   assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "streaming_diloco", overrides, 22)

@@ -142,13 +142,80 @@ def test_a_late_message_enters_the_next_round_which_waits_for_it():
   assert at_quorum.round_totals.values["late"] > 0
 
 
+@pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("missed", rounds.MISSED)
-def test_a_clock_resumed_from_its_state_goes_on_as_never_stopped(missed):
-  running = clock(0.2, missed)
+def test_a_clock_resumed_from_its_state_goes_on_as_never_stopped(missed, streamed):
+  """Stopped after step 7 (a streamed fragment sent at step 6 is applied at step 7)."""
+
+  def make():
+    return streaming_clock(missed) if streamed else clock(0.2, missed)
+
+  running = make()
   for _ in range(7):
     running.next_tick()
-  resumed = clock(0.2, missed)
+  resumed = make()
   resumed.load_state_dict(json.loads(json.dumps(running.state_dict(), allow_nan=False)))
   for _ in range(9):
     assert resumed.next_tick().to_dict() == running.next_tick().to_dict()
   assert resumed.round_totals.scalars() == running.round_totals.scalars()
+
+
+FRAGMENT_BYTES = (300.0, 700.0)
+
+
+def streaming_clock(missed, fragment_bytes=FRAGMENT_BYTES, delay=1, period=4):
+  return clocks.StreamingClock(
+    CLUSTER,
+    WORKERS,
+    MODEL_BYTES,
+    0,
+    period,
+    fragment_bytes,
+    delay,
+    policy=rounds.Policy(4, 0.0, missed),
+  )
+
+
+@pytest.mark.parametrize("missed", rounds.MISSED)
+def test_a_streamed_fragments_round_waits_for_its_own_late_messages(missed):
+  """Fragment 1 sent at t = 2, 6, ..., fragment 0 at t = 4, 8, ..., each applied a step
+  later: a round closes at the 4th arrival and not before its fragment's late
+  messages of the round before; a dropped worker goes on from the close, and every
+  worker waits for the all-reduce's end (a late one's own, from its arrival) when
+  the result is applied."""
+  at_quorum = streaming_clock(missed)
+  means = CLUSTER.mean_step_times(WORKERS)
+  times, pending = np.zeros(WORKERS), {}
+  held, held_until = np.zeros((2, WORKERS), bool), [-math.inf] * 2
+  for step in range(24):
+    tick = at_quorum.next_tick()
+    times += [CLUSTER.step_time(means[i], 0, i, step) for i in range(WORKERS)]
+    t = step + 1
+    if t % 2:
+      assert tick.round is None
+    else:
+      f = (t % 4) // 2
+      seconds = CLUSTER.allreduce_time(FRAGMENT_BYTES[f], WORKERS)
+      close = max(np.sort(times)[3], held_until[f])
+      out = times > close
+      np.testing.assert_array_equal(tick.round.members, ~out)
+      np.testing.assert_array_equal(tick.round.held, held[f])
+      late = out if missed == "late" else np.zeros(WORKERS, bool)
+      np.testing.assert_array_equal(tick.round.late, late)
+      np.testing.assert_array_equal(tick.round.dropped, out & ~late)
+      pending[t + 1] = np.where(late, times + seconds, close + seconds)
+      times[out & ~late] = close
+      held[f], held_until[f] = late, times[late].max() if late.any() else -math.inf
+    if t in pending:
+      times = np.maximum(times, pending.pop(t))
+    assert tick.time == pytest.approx(times.max())
+  assert at_quorum.round_totals.values["late" if missed == "late" else "dropped"] > 0
+
+
+@pytest.mark.parametrize("missed", rounds.MISSED)
+def test_one_streamed_fragment_without_delay_is_the_sync_clocks_rounds(missed):
+  one = streaming_clock(missed, fragment_bytes=[MODEL_BYTES], delay=0, period=PERIOD)
+  sync = clock(0.0, missed)
+  for _ in range(12):
+    assert one.next_tick().to_dict() == sync.next_tick().to_dict()
+  assert one.round_totals.scalars() == sync.round_totals.scalars()

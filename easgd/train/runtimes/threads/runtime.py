@@ -39,6 +39,7 @@ from easgd.infra.compile import compile_program
 from easgd.rules import AXIS, RULES, Rule, TrainState, tiers
 from easgd.rules.outer import CenterRule
 from easgd.rules.spmd import exchange_key
+from easgd.rules.streaming import StreamingRule
 from easgd.sim import timing
 from easgd.train import loop
 from easgd.train import setup as setup_lib
@@ -309,9 +310,15 @@ class ThreadsTrainee(RuleReports):
 
 def round_rules() -> tuple[str, ...]:
   """The synchronous rules that runtime=threads runs (easgd.train.runtimes.threads.rounds):
-  the center family's, whose workers take local steps between rounds."""
+  the center family's, whose workers take local steps between rounds of the whole
+  model (not the streaming rules', whose rounds send one fragment every H/F steps and
+  apply it d steps later: those run simulated)."""
   return tuple(
-    name for name, rule in RULES.items() if issubclass(rule, CenterRule) and "drop" in rule.missed
+    name
+    for name, rule in RULES.items()
+    if issubclass(rule, CenterRule)
+    and not issubclass(rule, StreamingRule)
+    and "drop" in rule.missed
   )
 
 
