@@ -118,6 +118,10 @@ class StreamingRule(CenterRule):
       exchange.sizes(self.fragments.take(params, f), hyper.exchange_dtype, hyper.average_stats)[0]
       for f in range(self.fragments.count)
     ]
+    # What a dropped worker downloads of its peer (the model as it is, statistics too).
+    self.params_bytes = float(
+      sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
+    )
     count = self.hyper.num_workers
     workers = stack_workers(params, count)
     outer = self.outer()
@@ -152,6 +156,7 @@ class StreamingRule(CenterRule):
       fragment_bytes=self.fragment_bytes,
       delay=self.hyper.sync_delay,
       policy=self.round_policy,
+      heal_bytes=self.params_bytes,
     )
 
   def heals(self) -> bool:
@@ -330,8 +335,9 @@ class StreamingRule(CenterRule):
           merged = dict(merged, **{model_state.STATS: local[model_state.STATS]})
         pulled = merged
     if self.heals():
-      # A worker dropped from the round takes its result as it is: it has no work of
-      # its own on the fragment to pull or merge.
+      # A worker dropped from the round takes its result as it is, as the family's
+      # dropped worker does: its own message is not in it, and its steps on the
+      # fragment since the heal (d of them) are discarded, not merged or pulled.
       pulled = quorum.select(worker_opt["dropped"][:, f], reset, pulled)
     return parts.put(stepped, f, pulled), center, center_opt, worker_opt
 

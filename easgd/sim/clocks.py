@@ -348,6 +348,10 @@ class SyncClock(Clock):
         requests *= sending
         bytes_sent *= sending
         bytes_between *= sending
+        healing = self._heal_messages(this_round)
+        if healing is not None:
+          bytes_sent += healing[0]
+          bytes_between += healing[1]
     self._apply_arrivals()
     local = np.ones(self.num_workers, bool)
     if self._waiting is not None:
@@ -388,6 +392,11 @@ class SyncClock(Clock):
     self.round_totals.add(this_round, self.steps - self._last_exchange)
     self._last_exchange = self.steps
     return this_round
+
+  def _heal_messages(self, this_round: rounds.Round) -> tuple[np.ndarray, np.ndarray] | None:
+    """(bytes [P], of them between groups [P]) that the round's heals send beyond its
+    all-reduce; None: none (a dropped worker takes the round's result, the whole model)."""
+    del this_round
 
   def _exchanges_at_this_step(self) -> list[tuple[int, float]]:
     """(level, bytes) of each all-reduce at the end of this step (`self.steps` done)."""
@@ -458,16 +467,31 @@ class StreamingClock(SyncClock):
   it closes at T (and not before the late messages of that fragment's round
   before have arrived), its all-reduce of the members' messages ends at T + c,
   and each worker waits for it `delay` steps later. A dropped worker abandons
-  its steps in progress at T, taking a member's state (easgd.rules.streaming),
-  and goes on from there; a late one sends at its arrival a_j, and waits for
-  a_j + c. With F = 1 and no delay this is SyncClock's rounds.
+  its steps in progress at T and downloads the round's first member's
+  parameters (easgd.rules.streaming): it goes on after that message (the
+  model's bytes on the link between the two, sent by the member); a late one
+  sends at its arrival a_j, and waits for a_j + c. With F = 1 and no delay the
+  round's result is all a dropped worker needs, as in SyncClock, and these are
+  SyncClock's rounds.
   """
 
   def __init__(
-    self, cluster, num_workers, model_bytes, seed, period, fragment_bytes, delay, policy=None
+    self,
+    cluster,
+    num_workers,
+    model_bytes,
+    seed,
+    period,
+    fragment_bytes,
+    delay,
+    policy=None,
+    heal_bytes=None,
   ):
+    """heal_bytes: what a dropped worker downloads (the parameters as they are, where
+    model_bytes is the exchanged message's size), model_bytes if None."""
     self.fragment_bytes = [float(size) for size in fragment_bytes]
     self.delay = delay
+    self.heal_bytes = float(model_bytes if heal_bytes is None else heal_bytes)
     super().__init__(cluster, num_workers, model_bytes, seed, period, policy=policy)
     # Step count at which a result is applied -> when each worker has it, [P].
     self._arrivals: dict[int, np.ndarray] = {}
@@ -520,11 +544,36 @@ class StreamingClock(SyncClock):
     ends[late] = arrivals[late] + seconds
     self._arrivals[self.steps + self.delay] = ends
     self._worker_time[dropped] = close
+    if self._downloads():
+      between = self._heal_between(this_round)
+      for j in np.flatnonzero(dropped):
+        latency, bandwidth = self.cluster.link(bool(between[j]))
+        self._worker_time[j] += latency + self.heal_bytes / bandwidth
     self._fragment_held[fragment] = late
     self._fragment_held_until[fragment] = float(arrivals[late].max()) if late.any() else -math.inf
     self.round_totals.add(this_round, self.steps - self._last_exchange)
     self._last_exchange = self.steps
     return this_round
+
+  def _downloads(self) -> bool:
+    """Whether a dropped worker downloads a member's parameters: unless the round's
+    result replaces all of them before its next step (F = 1 and no delay)."""
+    return len(self.fragment_bytes) > 1 or self.delay > 0
+
+  def _heal_between(self, this_round: rounds.Round) -> np.ndarray:
+    """bool [P]: whether each worker is in another group than the round's first member."""
+    groups = self.cluster.group_of(self.num_workers)
+    return groups != groups[int(np.argmax(this_round.members))]
+
+  def _heal_messages(self, this_round):
+    if not (self._downloads() and this_round.dropped.any()):
+      return None
+    first = int(np.argmax(this_round.members))
+    between = self._heal_between(this_round) & this_round.dropped
+    sent, crossed = np.zeros(self.num_workers), np.zeros(self.num_workers)
+    sent[first] = self.heal_bytes * int(this_round.dropped.sum())
+    crossed[first] = self.heal_bytes * int(between.sum())
+    return sent, crossed
 
   def _apply_arrivals(self) -> None:
     if self.steps in self._arrivals:

@@ -128,8 +128,10 @@ def test_rounds_follow_their_equations(name, missed):
 
 
 STREAMING_TAU, STREAMING_STEPS = 4, 13
-# name -> (hyper-parameters, pull, NumPy outer optimizer, alpha, merge): two fragments,
-# each result a step after its send (streaming_diloco merging, its drop kept till then).
+# name -> (hyper-parameters, pull, NumPy outer optimizer, alpha, merge, delay): two
+# fragments sent every 2 steps; streaming_diloco merging, each result applied on the
+# step of the other fragment's send (d = 2); streaming_easgd's results 3 steps later,
+# both fragments in flight at once (a heal copies a member's difference in flight).
 STREAMING = {
   "streaming_diloco": (
     dict(outer_learning_rate=0.7, outer_momentum=0.9, outer_nesterov=True, merge=0.5),
@@ -137,8 +139,9 @@ STREAMING = {
     lambda: numpy_optim.sgd(0.7, mu=0.9, nesterov=True),
     0.0,
     0.5,
+    2,
   ),
-  "streaming_easgd": (dict(), "elastic", lambda: None, ALPHA, 1.0),
+  "streaming_easgd": (dict(), "elastic", lambda: None, ALPHA, 1.0, 3),
 }
 
 
@@ -147,14 +150,14 @@ STREAMING = {
 def test_streaming_rounds_follow_their_equations(name, missed):
   """Six sends, alternating fragments: a late message held for its own fragment's next
   send, a dropped worker a member's copy that takes its fragment's result as it is."""
-  values, pull, outer, alpha, merge = STREAMING[name]
+  values, pull, outer, alpha, merge, delay = STREAMING[name]
   x0, batches = make_problem(num_workers=WORKERS, steps_count=STREAMING_STEPS)
   schedule = membership(missed) * 2
   settings = hyper(
     missed,
     comm_period=STREAMING_TAU,
     fragments=2,
-    sync_delay=1,
+    sync_delay=delay,
     momentum=0.9,
     **values,
   )
@@ -166,7 +169,7 @@ def test_streaming_rounds_follow_their_equations(name, missed):
     numpy_optim.sgd(ETA, mu=0.9),
     STREAMING_TAU,
     [["b"], ["w"]],  # the least-squares model's two blocks, in leaf order
-    1,
+    delay,
     pull,
     schedule,
     outer=outer(),
@@ -176,9 +179,9 @@ def test_streaming_rounds_follow_their_equations(name, missed):
   assert_follows(actual, expected)
 
 
+@pytest.mark.parametrize("missed", rounds.MISSED)
 @pytest.mark.parametrize(
-  "name,member,missed",
-  [("streaming_diloco", "diloco", "late"), ("streaming_easgd", "sync_easgd", "drop")],
+  "name,member", [("streaming_diloco", "diloco"), ("streaming_easgd", "sync_easgd")]
 )
 def test_one_streamed_fragment_without_delay_is_its_familys_member_in_rounds(name, member, missed):
   """F = 1, d = 0: the same rounds train the family member's bits (a dropped worker's

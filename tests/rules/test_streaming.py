@@ -12,6 +12,7 @@ import numpy_optim
 from easgd import assembly, rules
 from easgd.rules import fragments
 from easgd.sim import clocks, timing
+from easgd.train import setup
 from least_squares import numpy_grad
 from runs import assert_stopped_and_resumed_ends_as_never_stopped, small_config
 
@@ -174,12 +175,11 @@ def test_a_run_resumed_with_a_fragment_in_flight_ends_as_one_never_stopped(tmp_p
     "cluster.stragglers": (2, 3),
   }
   config = small_config(overrides, algorithm="streaming_diloco")
-  # The stragglers are dropped from every round whatever the fragments' sizes.
-  cluster, policy = timing.Cluster.from_config(config.cluster), assembly.rule(config).round_policy
-  period = config.outer.comm_period
-  clock = clocks.StreamingClock(
-    cluster, config.workers, 1e4, config.seed, period, [5e3] * 2, 1, policy
-  )
+  rule = assembly.rule(config)
+  shapes = setup.model_shapes(config)
+  rule.init(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes), jax.random.PRNGKey(0))
+  cluster = timing.Cluster.from_config(config.cluster)
+  clock = rule.make_clock(cluster, sum(rule.fragment_bytes), config.seed)
   last = [clock.next_tick() for _ in range(22)][-1]
   assert last.round is not None and last.round.dropped.any()  # applied after the stop
   assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "streaming_diloco", overrides, 22)

@@ -145,13 +145,14 @@ def test_a_late_message_enters_the_next_round_which_waits_for_it():
 @pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("missed", rounds.MISSED)
 def test_a_clock_resumed_from_its_state_goes_on_as_never_stopped(missed, streamed):
-  """Stopped after step 7 (a streamed fragment sent at step 6 is applied at step 7)."""
+  """Stopped after step 7, or a streaming clock after step 6, whose fragment's result
+  is applied at step 7 (each worker's end of its all-reduce in the state)."""
 
   def make():
     return streaming_clock(missed) if streamed else clock(0.2, missed)
 
   running = make()
-  for _ in range(7):
+  for _ in range(6 if streamed else 7):
     running.next_tick()
   resumed = make()
   resumed.load_state_dict(json.loads(json.dumps(running.state_dict(), allow_nan=False)))
@@ -180,9 +181,10 @@ def streaming_clock(missed, fragment_bytes=FRAGMENT_BYTES, delay=1, period=4):
 def test_a_streamed_fragments_round_waits_for_its_own_late_messages(missed):
   """Fragment 1 sent at t = 2, 6, ..., fragment 0 at t = 4, 8, ..., each applied a step
   later: a round closes at the 4th arrival and not before its fragment's late
-  messages of the round before; a dropped worker goes on from the close, and every
-  worker waits for the all-reduce's end (a late one's own, from its arrival) when
-  the result is applied."""
+  messages of the round before; a dropped worker goes on once the first member's
+  parameters reached it after the close (the member sends them), and every worker
+  waits for the all-reduce's end (a late one's own, from its arrival) when the
+  result is applied."""
   at_quorum = streaming_clock(missed)
   means = CLUSTER.mean_step_times(WORKERS)
   times, pending = np.zeros(WORKERS), {}
@@ -204,7 +206,13 @@ def test_a_streamed_fragments_round_waits_for_its_own_late_messages(missed):
       np.testing.assert_array_equal(tick.round.late, late)
       np.testing.assert_array_equal(tick.round.dropped, out & ~late)
       pending[t + 1] = np.where(late, times + seconds, close + seconds)
-      times[out & ~late] = close
+      dropped = out & ~late
+      times[dropped] = close + CLUSTER.latency + MODEL_BYTES / CLUSTER.bandwidth
+      first = int(np.argmax(~out))
+      all_reduce = CLUSTER.exchange(FRAGMENT_BYTES[f], WORKERS)[1]
+      expected = np.where(out & ~late, 0.0, all_reduce)
+      expected[first] += MODEL_BYTES * dropped.sum()
+      np.testing.assert_allclose(tick.bytes_sent, expected)
       held[f], held_until[f] = late, times[late].max() if late.any() else -math.inf
     if t in pending:
       times = np.maximum(times, pending.pop(t))
