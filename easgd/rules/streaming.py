@@ -40,6 +40,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from easgd.declare import Field, Shapes, integer, number
@@ -118,10 +119,7 @@ class StreamingRule(CenterRule):
       exchange.sizes(self.fragments.take(params, f), hyper.exchange_dtype, hyper.average_stats)[0]
       for f in range(self.fragments.count)
     ]
-    # What a dropped worker downloads of its peer (the model as it is, statistics too).
-    self.params_bytes = float(
-      sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
-    )
+    self.heal_bytes = self._heal_bytes(params)
     count = self.hyper.num_workers
     workers = stack_workers(params, count)
     outer = self.outer()
@@ -156,8 +154,18 @@ class StreamingRule(CenterRule):
       fragment_bytes=self.fragment_bytes,
       delay=self.hyper.sync_delay,
       policy=self.round_policy,
-      heal_bytes=self.params_bytes,
+      heal_bytes=self.heal_bytes,
     )
+
+  def _heal_bytes(self, params) -> float:
+    """What `_heal` copies of a member to a dropped worker, in bytes: its parameters
+    (its statistics too, unless they stay local) and its inner optimizer's state."""
+    sent = params
+    if model_state.has_stats(params) and not self.hyper.average_stats:
+      sent = model_state.trainable(params)
+    inner = jax.eval_shape(self.inner.init, model_state.trainable(params))
+    leaves = jax.tree.leaves((sent, inner))
+    return float(sum(np.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in leaves))
 
   def heals(self) -> bool:
     """Whether its rounds drop (and heal) the workers that miss them."""

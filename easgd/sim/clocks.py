@@ -467,12 +467,14 @@ class StreamingClock(SyncClock):
   it closes at T (and not before the late messages of that fragment's round
   before have arrived), its all-reduce of the members' messages ends at T + c,
   and each worker waits for it `delay` steps later. A dropped worker abandons
-  its steps in progress at T and downloads the round's first member's
-  parameters (easgd.rules.streaming): it goes on after that message (the
-  model's bytes on the link between the two, sent by the member); a late one
-  sends at its arrival a_j, and waits for a_j + c. With F = 1 and no delay the
-  round's result is all a dropped worker needs, as in SyncClock, and these are
-  SyncClock's rounds.
+  its steps in progress at T and downloads the round's first member's state
+  (easgd.rules.streaming; `heal_bytes`, its parameters and inner optimizer
+  state): the member sends the downloads one after another on its link, each
+  on the link between the two, and a dropped worker goes on once its own has
+  arrived (the member's own steps do not wait for them). A late worker sends
+  at its arrival a_j, and waits for a_j + c. With F = 1 and no delay the
+  round's result replaces every parameter at once, and as in SyncClock the
+  heal is not costed: these are SyncClock's rounds.
   """
 
   def __init__(
@@ -487,8 +489,9 @@ class StreamingClock(SyncClock):
     policy=None,
     heal_bytes=None,
   ):
-    """heal_bytes: what a dropped worker downloads (the parameters as they are, where
-    model_bytes is the exchanged message's size), model_bytes if None."""
+    """heal_bytes: what a dropped worker downloads of a member (its parameters as they
+    are, where model_bytes is the exchanged message's size, and inner optimizer
+    state), model_bytes if None."""
     self.fragment_bytes = [float(size) for size in fragment_bytes]
     self.delay = delay
     self.heal_bytes = float(model_bytes if heal_bytes is None else heal_bytes)
@@ -545,10 +548,13 @@ class StreamingClock(SyncClock):
     self._arrivals[self.steps + self.delay] = ends
     self._worker_time[dropped] = close
     if self._downloads():
-      between = self._heal_between(this_round)
+      # The member sends the downloads one after another on its link: the k-th
+      # dropped worker has its state k messages after the close.
+      between, queued = self._heal_between(this_round), 0.0
       for j in np.flatnonzero(dropped):
         latency, bandwidth = self.cluster.link(bool(between[j]))
-        self._worker_time[j] += latency + self.heal_bytes / bandwidth
+        queued += self.heal_bytes / bandwidth
+        self._worker_time[j] += latency + queued
     self._fragment_held[fragment] = late
     self._fragment_held_until[fragment] = float(arrivals[late].max()) if late.any() else -math.inf
     self.round_totals.add(this_round, self.steps - self._last_exchange)
@@ -605,10 +611,14 @@ class StreamingClock(SyncClock):
       ]
 
   def peak_bytes_per_step(self) -> float:
-    """The most bytes a worker sends in one step: one all-reduce of the largest fragment."""
+    """The most bytes a worker sends in one step: one all-reduce of the largest fragment,
+    and under drop the round's first member's uploads to the P - m it may drop."""
     if self.num_workers == 1:
       return 0.0
-    return float(self.cluster.exchange(max(self.fragment_bytes), self.num_workers)[1].max())
+    peak = float(self.cluster.exchange(max(self.fragment_bytes), self.num_workers)[1].max())
+    if self.policy is not None and self.policy.missed == "drop" and self._downloads():
+      peak += (self.num_workers - self.policy.count) * self.heal_bytes
+    return peak
 
 
 class AsyncClock(Clock):

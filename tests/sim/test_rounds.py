@@ -1,6 +1,7 @@
 """Rounds at a quorum in the timing model (easgd.sim.rounds): when a round closes, who
 is in it, what the workers' clocks do after it, and its state across a resume."""
 
+import dataclasses
 import json
 import math
 
@@ -162,11 +163,14 @@ def test_a_clock_resumed_from_its_state_goes_on_as_never_stopped(missed, streame
 
 
 FRAGMENT_BYTES = (300.0, 700.0)
+HEAL_BYTES = 2500.0
+# CLUSTER in two groups of 3 (the link between them slower): a heal may cross it.
+GROUPED = dataclasses.replace(CLUSTER, groups=(3, 3), between_latency=0.05, between_bandwidth=2e4)
 
 
-def streaming_clock(missed, fragment_bytes=FRAGMENT_BYTES, delay=1, period=4):
+def streaming_clock(missed, fragment_bytes=FRAGMENT_BYTES, delay=1, period=4, cluster=CLUSTER):
   return clocks.StreamingClock(
-    CLUSTER,
+    cluster,
     WORKERS,
     MODEL_BYTES,
     0,
@@ -174,30 +178,39 @@ def streaming_clock(missed, fragment_bytes=FRAGMENT_BYTES, delay=1, period=4):
     fragment_bytes,
     delay,
     policy=rounds.Policy(4, 0.0, missed),
+    heal_bytes=HEAL_BYTES,
   )
 
 
+@pytest.mark.parametrize(
+  "fragment_bytes,delay,cluster",
+  [(FRAGMENT_BYTES, 1, CLUSTER), (FRAGMENT_BYTES, 0, GROUPED), ((1000.0,), 2, CLUSTER)],
+)
 @pytest.mark.parametrize("missed", rounds.MISSED)
-def test_a_streamed_fragments_round_waits_for_its_own_late_messages(missed):
-  """Fragment 1 sent at t = 2, 6, ..., fragment 0 at t = 4, 8, ..., each applied a step
-  later: a round closes at the 4th arrival and not before its fragment's late
-  messages of the round before; a dropped worker goes on once the first member's
-  parameters reached it after the close (the member sends them), and every worker
+def test_a_streamed_fragments_round_waits_for_its_own_late_messages(
+  missed, fragment_bytes, delay, cluster
+):
+  """Each fragment sent every period/F steps, its result applied `delay` steps later: a
+  round closes at the 4th arrival and not before its fragment's late messages of the
+  round before; the round's first member sends each dropped worker its state, one
+  after another, and a dropped worker goes on once its own has arrived; every worker
   waits for the all-reduce's end (a late one's own, from its arrival) when the
   result is applied."""
-  at_quorum = streaming_clock(missed)
-  means = CLUSTER.mean_step_times(WORKERS)
+  count, period = len(fragment_bytes), 4
+  at_quorum = streaming_clock(missed, fragment_bytes, delay, period, cluster)
+  means = cluster.mean_step_times(WORKERS)
+  groups = cluster.group_of(WORKERS)
   times, pending = np.zeros(WORKERS), {}
-  held, held_until = np.zeros((2, WORKERS), bool), [-math.inf] * 2
+  held, held_until = np.zeros((count, WORKERS), bool), [-math.inf] * count
   for step in range(24):
     tick = at_quorum.next_tick()
-    times += [CLUSTER.step_time(means[i], 0, i, step) for i in range(WORKERS)]
+    times += [cluster.step_time(means[i], 0, i, step) for i in range(WORKERS)]
     t = step + 1
-    if t % 2:
+    if t % (period // count):
       assert tick.round is None
     else:
-      f = (t % 4) // 2
-      seconds = CLUSTER.allreduce_time(FRAGMENT_BYTES[f], WORKERS)
+      f = (t % period) // (period // count)
+      seconds, all_reduce = cluster.exchange(fragment_bytes[f], WORKERS)[:2]
       close = max(np.sort(times)[3], held_until[f])
       out = times > close
       np.testing.assert_array_equal(tick.round.members, ~out)
@@ -205,19 +218,23 @@ def test_a_streamed_fragments_round_waits_for_its_own_late_messages(missed):
       late = out if missed == "late" else np.zeros(WORKERS, bool)
       np.testing.assert_array_equal(tick.round.late, late)
       np.testing.assert_array_equal(tick.round.dropped, out & ~late)
-      pending[t + 1] = np.where(late, times + seconds, close + seconds)
-      dropped = out & ~late
-      times[dropped] = close + CLUSTER.latency + MODEL_BYTES / CLUSTER.bandwidth
-      first = int(np.argmax(~out))
-      all_reduce = CLUSTER.exchange(FRAGMENT_BYTES[f], WORKERS)[1]
+      pending[t + delay] = np.where(late, times + seconds, close + seconds)
+      first, queued = int(np.argmax(~out)), 0.0
       expected = np.where(out & ~late, 0.0, all_reduce)
-      expected[first] += MODEL_BYTES * dropped.sum()
+      for j in np.flatnonzero(out & ~late):
+        latency, bandwidth = cluster.link(bool(groups[j] != groups[first]))
+        queued += HEAL_BYTES / bandwidth
+        times[j] = close + latency + queued
+        expected[first] += HEAL_BYTES
       np.testing.assert_allclose(tick.bytes_sent, expected)
       held[f], held_until[f] = late, times[late].max() if late.any() else -math.inf
     if t in pending:
       times = np.maximum(times, pending.pop(t))
     assert tick.time == pytest.approx(times.max())
   assert at_quorum.round_totals.values["late" if missed == "late" else "dropped"] > 0
+  if missed == "drop":
+    largest = cluster.exchange(max(fragment_bytes), WORKERS)[1].max()
+    assert at_quorum.peak_bytes_per_step() == pytest.approx(largest + 2 * HEAL_BYTES)
 
 
 @pytest.mark.parametrize("missed", rounds.MISSED)
