@@ -474,7 +474,7 @@ class StreamingClock(SyncClock):
   arrived (the member's own steps do not wait for them). A late worker sends
   at its arrival a_j, and waits for a_j + c. With F = 1 and no delay the
   round's result replaces every parameter at once, and as in SyncClock the
-  heal is not costed: these are SyncClock's rounds.
+  heal (its inner state) is not costed: these are SyncClock's rounds.
   """
 
   def __init__(
@@ -612,7 +612,8 @@ class StreamingClock(SyncClock):
 
   def peak_bytes_per_step(self) -> float:
     """The most bytes a worker sends in one step: one all-reduce of the largest fragment,
-    and under drop the round's first member's uploads to the P - m it may drop."""
+    and under drop the round's first member's uploads to the P - m it may drop (an
+    upper bound: the member need not be the worker that sends the most)."""
     if self.num_workers == 1:
       return 0.0
     peak = float(self.cluster.exchange(max(self.fragment_bytes), self.num_workers)[1].max())

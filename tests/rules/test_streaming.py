@@ -2,6 +2,7 @@
 against plain NumPy step by step and the identities with their family's members."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tiers
@@ -190,3 +191,22 @@ def test_a_run_resumed_with_a_fragment_in_flight_ends_as_one_never_stopped(tmp_p
   last = [clock.next_tick() for _ in range(22)][-1]
   assert last.round is not None and last.round.dropped.any()  # applied after the stop
   assert_stopped_and_resumed_ends_as_never_stopped(tmp_path, "streaming_diloco", overrides, 22)
+
+
+@pytest.mark.parametrize("average_stats", [True, False])
+def test_a_heal_costs_one_workers_parameters_and_optimizer_state(average_stats):
+  """What a dropped worker downloads (the clock's heal_bytes): one row of the workers, its
+  statistics left out when they stay local, and one row of its AdamW state."""
+  tree = {
+    "params": {"BatchNorm_0": {"scale": np.ones(4)}, "Dense_0": {"kernel": np.ones((4, 2))}},
+    "batch_stats": {"BatchNorm_0": {"mean": np.zeros(4), "var": np.ones(4)}},
+  }
+  params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), tree)
+  settings = hyper(optimizer="adamw", weight_decay=0.1, average_stats=average_stats)
+  rule = rules.make_rule("streaming_diloco", settings)
+  state = rule.init(params, jax.random.PRNGKey(0))
+  sent = state.workers if average_stats else state.workers["params"]
+  rows = jax.tree.leaves((sent, state.worker_opt["inner"]))
+  assert all(leaf.shape[0] == 8 for leaf in rows)
+  assert rule.heal_bytes == sum(leaf[0].nbytes for leaf in rows)
+  assert rule.heal_bytes == (12 + 8 * average_stats) * 4 + 2 * 12 * 4 + 4  # + AdamW's count

@@ -221,12 +221,18 @@ def test_a_streamed_fragments_round_waits_for_its_own_late_messages(
       pending[t + delay] = np.where(late, times + seconds, close + seconds)
       first, queued = int(np.argmax(~out)), 0.0
       expected = np.where(out & ~late, 0.0, all_reduce)
+      crossed = np.where(out & ~late, 0.0, cluster.exchange(fragment_bytes[f], WORKERS)[2])
       for j in np.flatnonzero(out & ~late):
-        latency, bandwidth = cluster.link(bool(groups[j] != groups[first]))
+        between = bool(groups[j] != groups[first])
+        latency, bandwidth = cluster.link(between)
         queued += HEAL_BYTES / bandwidth
         times[j] = close + latency + queued
         expected[first] += HEAL_BYTES
+        crossed[first] += HEAL_BYTES * between
       np.testing.assert_allclose(tick.bytes_sent, expected)
+      np.testing.assert_allclose(
+        np.zeros(WORKERS) if tick.bytes_between is None else tick.bytes_between, crossed
+      )
       held[f], held_until[f] = late, times[late].max() if late.any() else -math.inf
     if t in pending:
       times = np.maximum(times, pending.pop(t))
@@ -235,6 +241,9 @@ def test_a_streamed_fragments_round_waits_for_its_own_late_messages(
   if missed == "drop":
     largest = cluster.exchange(max(fragment_bytes), WORKERS)[1].max()
     assert at_quorum.peak_bytes_per_step() == pytest.approx(largest + 2 * HEAL_BYTES)
+    # One fragment without delay: the round's result is the whole model, no upload.
+    whole = streaming_clock(missed, (1000.0,), 0, period, cluster)
+    assert whole.peak_bytes_per_step() == cluster.exchange(1000.0, WORKERS)[1].max()
 
 
 @pytest.mark.parametrize("missed", rounds.MISSED)
