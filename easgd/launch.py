@@ -18,8 +18,8 @@ finishes its step, checkpoints and exits 0).
 
 import argparse
 import os
+import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,11 +32,44 @@ _POLL_SECONDS = 0.1
 _OWN_FLAGS = ("--coordinator_address", "--num_processes", "--process_id")
 
 
+# Ray's worker processes take ports 10002-19999 (its --min/max-worker-port).
+_FIRST_FREE_PORT = 20000
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def _ephemeral_start() -> int:
+  """The first port of the range the kernel hands out on its own (bind to port 0,
+  a connection's local end): 32768 where the kernel does not say (Linux's default)."""
+  try:
+    with open(_EPHEMERAL_RANGE) as handle:
+      return int(handle.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    return 32768
+
+
+def free_ports(share: int = 0, shares: int = 1):
+  """TCP ports that a server could listen on now (arguments.port_problem), each
+  once, from a random start: a port is free from when it is chosen until a
+  process binds it (the coordinator, seconds later, after its imports), and only
+  one the kernel never hands out on its own stays so. They lie between Ray's
+  worker ports and the kernel's ephemeral range, in part `share` of `shares`
+  equal parts of it (parallel choosers, one part each, never choose the same)."""
+  first = _FIRST_FREE_PORT
+  size = (_ephemeral_start() - first) // shares
+  if size < 1:
+    raise RuntimeError(f"no ports between {first} and the kernel's ephemeral range")
+  offset = random.SystemRandom().randrange(size)
+  for index in range(size):
+    port = first + share * size + (offset + index) % size
+    if arguments.port_problem(port) is None:
+      yield port
+  last = first + (share + 1) * size - 1
+  raise RuntimeError(f"every port in {first + share * size}-{last} is taken")
+
+
 def free_port() -> int:
-  """A TCP port on 127.0.0.1 that nothing listens on now."""
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-    probe.bind(("127.0.0.1", 0))
-    return probe.getsockname()[1]
+  """A TCP port that a server could listen on now (see free_ports)."""
+  return next(free_ports())
 
 
 def describe(code: int) -> str:

@@ -4,6 +4,7 @@ checkpoints read back as NumPy whatever the device layout that wrote them.
 """
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ import time
 import jax
 import numpy as np
 
+from easgd import launch as launch_module
 from easgd.configs import default
 from easgd.infra import checkpoint, scalars, sharding
 
@@ -34,6 +36,19 @@ SMALL_RUN = {
   "run.eval_every": 0,
   "pipeline.stage_steps": 10,
 }
+
+
+@functools.cache
+def _ports():
+  worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+  shares = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+  return launch_module.free_ports(int(worker.removeprefix("gw")), shares)
+
+
+def free_port() -> int:
+  """A port to listen on, never one the kernel hands out on its own meanwhile, and
+  never one another pytest-xdist worker of this run chooses (each has its share)."""
+  return next(_ports())
 
 
 def config_with(overrides: dict | None = None, **top_level):
@@ -211,6 +226,7 @@ def launch(
   `signal_at`: as train's, in every process (--process=N: in process N only); `env`:
   as train's."""
   given = () if grace is None else (f"--grace={grace:g}",)
+  given = (f"--port={free_port()}", *given)
   command = ("-m", "easgd.launch", f"--processes={processes}", *given, "--")
   command = (*command, *_wrapper(signal_at), "train.py")
   return Process(*command, f"--workdir={workdir}", *flags, env=env)

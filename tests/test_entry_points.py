@@ -15,9 +15,11 @@ programs are called in-process.
 
 import contextlib
 import importlib.util
+import itertools
 import os
 import pathlib
 import socket
+import types
 
 import pytest
 
@@ -325,6 +327,27 @@ def test_a_coordinator_port_that_cannot_be_served_is_refused_before_any_process_
   assert os.listdir(here) == []
   if isinstance(PORTS[case][1], tuple):
     assert arguments.port_problem(int(port)) is None  # free once the socket is closed
+
+
+def test_the_launchers_ports_are_free_and_never_ones_the_kernel_hands_out(monkeypatch):
+  """The coordinator's port, chosen when no --port is given, is free until process 0
+  binds it after its imports: outside the kernel's ephemeral range (bind to port 0,
+  connections' local ends) and Ray's worker ports; parallel choosers (shares) never
+  meet; a port another program holds is passed over."""
+  ephemeral = launch._ephemeral_start()
+  size = (ephemeral - 20000) // 2
+  ports = [list(itertools.islice(launch.free_ports(share, 2), 50)) for share in (0, 1)]
+  for share, chosen in enumerate(ports):
+    assert len(set(chosen)) == 50
+    assert all(20000 + share * size <= port < 20000 + (share + 1) * size for port in chosen)
+  assert 20000 <= launch.free_port() < ephemeral
+  first = types.SimpleNamespace(randrange=lambda size: 0)
+  monkeypatch.setattr(launch.random, "SystemRandom", lambda: first)
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+    held = next(launch.free_ports())  # the first port of the range, as randrange gives 0
+    holder.bind(("127.0.0.1", held))
+    holder.listen(1)
+    assert next(launch.free_ports()) > held
 
 
 # Output paths: (the program, its arguments; what the line names). In the

@@ -9,16 +9,9 @@ import types
 
 import pytest
 
+import runs
 from easgd import executor
 from easgd.errors import ConfigError
-
-
-def _closed_port() -> int:
-  import socket  # noqa: PLC0415
-
-  with socket.socket() as probe:
-    probe.bind(("127.0.0.1", 0))
-    return probe.getsockname()[1]  # closed again when the probe is
 
 
 @pytest.mark.parametrize(
@@ -43,7 +36,7 @@ def test_a_bad_flag_is_one_line_naming_it_and_what_is_allowed(values, message):
 
 
 def test_an_address_that_does_not_answer_is_refused_naming_where_it_came_from(monkeypatch):
-  address = f"127.0.0.1:{_closed_port()}"
+  address = f"127.0.0.1:{runs.free_port()}"
   with pytest.raises(ConfigError, match=r"^--ray_address='127\.0\.0\.1:\d+' is unreachable"):
     executor.parallel_of(2, None, None, address, None)
   with pytest.raises(ConfigError, match=r"^--ray_address='localhost' is not HOST:PORT"):

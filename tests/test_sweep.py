@@ -7,7 +7,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -358,12 +357,6 @@ def test_pipelined_sweep_trains_one_model_per_point(pipelined_sweep):
   assert all(0 < float(row["eval/center_accuracy"]) <= 1 for row in rows.values())
 
 
-def _free_port():
-  with socket.socket() as probe:
-    probe.bind(("127.0.0.1", 0))
-    return probe.getsockname()[1]
-
-
 def _get(url, body=None):
   data = None if body is None else json.dumps(body).encode()
   request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -376,7 +369,7 @@ def test_tensorboard_serves_every_run_with_scalars_and_hparams(which, request):
   _, workdir, _ = request.getfixturevalue(which)
   rows = read_summary(workdir)
   summary = {row["run"]: row for row in rows if row["status"] == "done"}
-  port = _free_port()
+  port = runs.free_port()
   tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
   server = subprocess.Popen(
     [tensorboard, "--logdir", str(workdir), "--host", "127.0.0.1", f"--port={port}"],
@@ -598,7 +591,7 @@ def test_the_slurm_recipe_runs_as_written_on_a_head_with_token_authentication(
   for name, text in (("scontrol", SCONTROL), ("srun", SRUN)):
     (stand_ins / name).write_text(text)
     (stand_ins / name).chmod(0o755)
-  port, client, agent = _free_port(), _free_port(), _free_port()
+  port, client, agent = runs.free_port(), runs.free_port(), runs.free_port()
   config = write_config(tmp_path, '[{"optimizer.learning_rate": 0.1}]')
   script = (
     _block("docs/running.md", "#SBATCH")
@@ -657,7 +650,7 @@ def test_the_slurm_recipe_runs_as_written_on_a_head_with_token_authentication(
     with contextlib.suppress(ProcessLookupError):
       os.killpg(job.pid, signal.SIGTERM)  # ray start --block ends the head's processes
     try:
-      _until(lambda: not _left_of(job.pid), f"left: {_left_of(job.pid)}", 60)
+      _until(lambda: not _left_of(job.pid), f"left: {_left_of(job.pid)}")
     finally:
       with contextlib.suppress(ProcessLookupError):
         os.killpg(job.pid, signal.SIGKILL)
