@@ -20,6 +20,7 @@ import argparse
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,14 +33,15 @@ _POLL_SECONDS = 0.1
 _OWN_FLAGS = ("--coordinator_address", "--num_processes", "--process_id")
 
 
-# Ray's worker processes take ports 10002-19999 (its --min/max-worker-port).
+# `ray start`'s worker processes take ports 10002-19999 (--min/max-worker-port).
 _FIRST_FREE_PORT = 20000
 _EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
 def _ephemeral_start() -> int:
   """The first port of the range the kernel hands out on its own (bind to port 0,
-  a connection's local end): 32768 where the kernel does not say (Linux's default)."""
+  a connection's local end): 32768 where the kernel does not say (Linux's default;
+  other systems' ranges start higher)."""
   try:
     with open(_EPHEMERAL_RANGE) as handle:
       return int(handle.read().split()[0])
@@ -47,29 +49,40 @@ def _ephemeral_start() -> int:
     return 32768
 
 
-def free_ports(share: int = 0, shares: int = 1):
-  """TCP ports that a server could listen on now (arguments.port_problem), each
-  once, from a random start: a port is free from when it is chosen until a
-  process binds it (the coordinator, seconds later, after its imports), and only
-  one the kernel never hands out on its own stays so. They lie between Ray's
-  worker ports and the kernel's ephemeral range, in part `share` of `shares`
-  equal parts of it (parallel choosers, one part each, never choose the same)."""
-  first = _FIRST_FREE_PORT
-  size = (_ephemeral_start() - first) // shares
-  if size < 1:
-    raise RuntimeError(f"no ports between {first} and the kernel's ephemeral range")
-  offset = random.SystemRandom().randrange(size)
+def free_ports(share: int = 0, shares: int = 1, start: int | None = None):
+  """TCP ports that a server could listen on when each is yielded
+  (arguments.port_problem), each once, from `start` (None: a random one) on.
+
+  A port is chosen well before its server binds it (the coordinator binds it
+  after process 0's imports, seconds later), and meanwhile the kernel may hand a
+  port of its ephemeral range to any process. So the ports lie between
+  `ray start`'s worker ports and that range, in part `share` of `shares` equal
+  parts of it: parallel choosers, one part each, never choose the same. It yields
+  nothing where the kernel's range leaves no such ports."""
+  if not 0 <= share < shares:
+    raise ValueError(f"share {share} is not one of {shares} shares")
+  size = (_ephemeral_start() - _FIRST_FREE_PORT) // shares
+  first = _FIRST_FREE_PORT + share * size
+  offset = random.SystemRandom().randrange(size) if start is None and size > 0 else 0
+  if start is not None:
+    if not first <= start < first + size:
+      raise ValueError(f"start {start} is not in share {share}: [{first}, {first + size})")
+    offset = start - first
   for index in range(size):
-    port = first + share * size + (offset + index) % size
+    port = first + (offset + index) % size
     if arguments.port_problem(port) is None:
       yield port
-  last = first + (share + 1) * size - 1
-  raise RuntimeError(f"every port in {first + share * size}-{last} is taken")
 
 
 def free_port() -> int:
-  """A TCP port that a server could listen on now (see free_ports)."""
-  return next(free_ports())
+  """A TCP port that a server could listen on now: one of free_ports, or, where
+  there is none, one the kernel gives."""
+  port = next(free_ports(), None)
+  if port is not None:
+    return port
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    probe.bind(("127.0.0.1", 0))
+    return probe.getsockname()[1]
 
 
 def describe(code: int) -> str:

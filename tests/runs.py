@@ -40,15 +40,19 @@ SMALL_RUN = {
 
 @functools.cache
 def _ports():
-  worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+  # A worker that xdist starts after a crash is named anew (gw2 of 2 workers): it
+  # takes a share again, not a port past the range.
   shares = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-  return launch_module.free_ports(int(worker.removeprefix("gw")), shares)
+  worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+  return launch_module.free_ports(worker % shares, shares)
 
 
 def free_port() -> int:
   """A port to listen on, never one the kernel hands out on its own meanwhile, and
   never one another pytest-xdist worker of this run chooses (each has its share)."""
-  return next(_ports())
+  port = next(_ports(), None)
+  assert port is not None, "no free port left between Ray's and the kernel's ranges"
+  return port
 
 
 def config_with(overrides: dict | None = None, **top_level):

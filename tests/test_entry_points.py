@@ -19,10 +19,10 @@ import itertools
 import os
 import pathlib
 import socket
-import types
 
 import pytest
 
+import runs
 from easgd import arguments, launch
 from easgd.data import convert
 
@@ -329,11 +329,11 @@ def test_a_coordinator_port_that_cannot_be_served_is_refused_before_any_process_
     assert arguments.port_problem(int(port)) is None  # free once the socket is closed
 
 
-def test_the_launchers_ports_are_free_and_never_ones_the_kernel_hands_out(monkeypatch):
+def test_the_launchers_ports_are_free_and_never_ones_the_kernel_hands_out():
   """The coordinator's port, chosen when no --port is given, is free until process 0
   binds it after its imports: outside the kernel's ephemeral range (bind to port 0,
-  connections' local ends) and Ray's worker ports; parallel choosers (shares) never
-  meet; a port another program holds is passed over."""
+  connections' local ends) and `ray start`'s worker ports; parallel choosers (shares)
+  never meet; a port another program holds is passed over."""
   ephemeral = launch._ephemeral_start()
   size = (ephemeral - 20000) // 2
   ports = [list(itertools.islice(launch.free_ports(share, 2), 50)) for share in (0, 1)]
@@ -341,13 +341,14 @@ def test_the_launchers_ports_are_free_and_never_ones_the_kernel_hands_out(monkey
     assert len(set(chosen)) == 50
     assert all(20000 + share * size <= port < 20000 + (share + 1) * size for port in chosen)
   assert 20000 <= launch.free_port() < ephemeral
-  first = types.SimpleNamespace(randrange=lambda size: 0)
-  monkeypatch.setattr(launch.random, "SystemRandom", lambda: first)
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
-    held = next(launch.free_ports())  # the first port of the range, as randrange gives 0
+    held = runs.free_port()  # this test's own: no other test chooses it
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # even in TIME_WAIT
     holder.bind(("127.0.0.1", held))
     holder.listen(1)
-    assert next(launch.free_ports()) > held
+    assert held not in itertools.islice(launch.free_ports(start=held), 5)
+  with pytest.raises(ValueError, match="share 2 is not one of 2 shares"):
+    next(launch.free_ports(2, 2))
 
 
 # Output paths: (the program, its arguments; what the line names). In the
