@@ -63,11 +63,12 @@ def free_ports(share: int = 0, shares: int = 1, start: int | None = None):
     raise ValueError(f"share {share} is not one of {shares} shares")
   size = (_ephemeral_start() - _FIRST_FREE_PORT) // shares
   first = _FIRST_FREE_PORT + share * size
-  offset = random.SystemRandom().randrange(size) if start is None and size > 0 else 0
-  if start is not None:
-    if not first <= start < first + size:
-      raise ValueError(f"start {start} is not in share {share}: [{first}, {first + size})")
+  if start is None:
+    offset = random.SystemRandom().randrange(size) if size > 0 else 0
+  elif first <= start < first + size:
     offset = start - first
+  else:
+    raise ValueError(f"start {start} is not in share {share}: [{first}, {first + size})")
   for index in range(size):
     port = first + (offset + index) % size
     if arguments.port_problem(port) is None:
